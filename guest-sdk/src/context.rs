@@ -1,0 +1,314 @@
+//! What an operator sees while it runs: the current record's key, emit, timers, logging
+//! ([`Context`]), and what it sees once at start: configuration and state registration
+//! ([`OpenContext`]).
+//!
+//! Invariant: emitted records are buffered in guest memory and handed to the host with one
+//! `collector.emit-batch` call at the end of each export call (or when the buffer passes
+//! [`FLUSH_BYTES`]), never one host call per record.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::bindings::{collector, logging, timers, types};
+use crate::info::{OperatorInfo, StateKind};
+use crate::record::{NO_KEY_GROUP, write_record};
+use crate::state::{
+    ListState, MapState, OperatorValue, Registered, RegisteredOperatorState, ValueState, new_table,
+};
+use crate::{Error, Result};
+
+/// Emits are handed to the host when the buffer grows past this many bytes.
+pub const FLUSH_BYTES: usize = 1 << 20;
+
+/// Per-instance runtime of the SDK: task identity, emit buffer, registered state.
+pub(crate) struct Runtime {
+    pub info: OperatorInfo,
+    pub task: types::TaskInfo,
+    pub emit: Vec<u8>,
+    pub keyed: Vec<Registered>,
+    pub operator_states: Vec<RegisteredOperatorState>,
+}
+
+impl Runtime {
+    pub fn new(info: OperatorInfo, task: types::TaskInfo) -> Self {
+        Runtime {
+            info,
+            task,
+            emit: Vec::with_capacity(64 * 1024),
+            keyed: Vec::new(),
+            operator_states: Vec::new(),
+        }
+    }
+
+    pub fn group_count(&self) -> usize {
+        (self.task.key_group_end - self.task.key_group_start) as usize
+    }
+
+    /// Slot of `key_group` in this subtask's tables, if owned.
+    #[inline]
+    pub fn slot_of(&self, key_group: u32) -> Option<usize> {
+        let slot = key_group.wrapping_sub(self.task.key_group_start);
+        (key_group != NO_KEY_GROUP && key_group < self.task.key_group_end).then_some(slot as usize)
+    }
+
+    pub fn flush(&mut self) {
+        if !self.emit.is_empty() {
+            collector::emit_batch(&self.emit);
+            self.emit.clear();
+        }
+    }
+}
+
+/// The context of one record (or timer): its key, emit, timers, logging.
+pub struct Context<'a> {
+    pub(crate) rt: &'a mut Runtime,
+    pub(crate) slot: Option<usize>,
+    pub(crate) key_group: u32,
+    pub(crate) key: &'a [u8],
+    pub(crate) timestamp: i64,
+}
+
+impl<'a> Context<'a> {
+    /// The slot of the current key group; keyed state needs one.
+    #[inline]
+    pub(crate) fn slot(&self) -> usize {
+        match self.slot {
+            Some(s) => s,
+            None => keyed_access_without_key(self.rt, self.key_group),
+        }
+    }
+
+    /// The current key.
+    #[inline]
+    pub fn key(&self) -> &'a [u8] {
+        self.key
+    }
+
+    /// The current record's (or timer's) timestamp.
+    #[inline]
+    pub fn timestamp(&self) -> i64 {
+        self.timestamp
+    }
+
+    /// The current key group.
+    #[inline]
+    pub fn key_group(&self) -> u32 {
+        self.key_group
+    }
+
+    /// Emits `(key, value)` on the main output with the current timestamp.
+    #[inline]
+    pub fn emit(&mut self, key: &[u8], value: &[u8]) {
+        self.emit_at(key, value, self.timestamp)
+    }
+
+    /// Emits `(key, value)` on the main output with timestamp `ts`.
+    #[inline]
+    pub fn emit_at(&mut self, key: &[u8], value: &[u8], ts: i64) {
+        write_record(&mut self.rt.emit, 0, ts, key, value);
+        if self.rt.emit.len() >= FLUSH_BYTES {
+            self.rt.flush();
+        }
+    }
+
+    /// Emits on the side output called `name` (declared in `OperatorInfo::side_outputs`).
+    pub fn emit_side(&mut self, name: &str, key: &[u8], value: &[u8]) -> Result<()> {
+        let port = self
+            .rt
+            .info
+            .side_outputs
+            .iter()
+            .position(|s| *s == name)
+            .ok_or_else(|| Error::msg(format!("side output `{name}` is not declared")))?;
+        write_record(
+            &mut self.rt.emit,
+            port as u32 + 1,
+            self.timestamp,
+            key,
+            value,
+        );
+        if self.rt.emit.len() >= FLUSH_BYTES {
+            self.rt.flush();
+        }
+        Ok(())
+    }
+
+    /// Registers an event-time timer for the current key at `time`.
+    pub fn register_event_timer(&mut self, time: i64) {
+        timers::register(
+            types::TimeDomain::EventTime,
+            self.slot_key_group(),
+            self.key,
+            time,
+        );
+    }
+
+    /// Registers a processing-time timer for the current key at `time` (ms since epoch).
+    pub fn register_processing_timer(&mut self, time: i64) {
+        timers::register(
+            types::TimeDomain::ProcessingTime,
+            self.slot_key_group(),
+            self.key,
+            time,
+        );
+    }
+
+    /// Deletes an event-time timer of the current key.
+    pub fn delete_event_timer(&mut self, time: i64) {
+        timers::delete(
+            types::TimeDomain::EventTime,
+            self.slot_key_group(),
+            self.key,
+            time,
+        );
+    }
+
+    fn slot_key_group(&self) -> u32 {
+        self.slot();
+        self.key_group
+    }
+
+    /// The subtask's current watermark.
+    pub fn current_watermark(&self) -> i64 {
+        crate::bindings::context::current_watermark()
+    }
+
+    /// Which subtask this is.
+    pub fn subtask_index(&self) -> u32 {
+        self.rt.task.subtask_index
+    }
+
+    /// Logs a line through the host (tagged with job, operator and subtask).
+    pub fn log(&self, message: &str) {
+        logging::log(logging::Level::Info, message);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn keyed_access_without_key(rt: &Runtime, key_group: u32) -> ! {
+    if key_group == NO_KEY_GROUP {
+        panic!(
+            "operator `{}` used keyed state on a record that was not partitioned by key; \
+             give its input `partition = \"hash\"` in the job file",
+            rt.info.name
+        )
+    }
+    panic!(
+        "operator `{}` got key group {key_group}, outside this subtask's range [{}, {})",
+        rt.info.name, rt.task.key_group_start, rt.task.key_group_end
+    )
+}
+
+/// What `Operator::open` gets: configuration and state registration.
+pub struct OpenContext<'a> {
+    pub(crate) rt: &'a mut Runtime,
+    pub(crate) config: &'a BTreeMap<String, String>,
+}
+
+impl<'a> OpenContext<'a> {
+    /// The operator's `config` table from the job file.
+    pub fn config(&self) -> &BTreeMap<String, String> {
+        self.config
+    }
+
+    /// A config value parsed as `T`, or `default` when absent.
+    pub fn config_or<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T>
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.config.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|e| Error::msg(format!("config `{key}` = `{v}` is invalid: {e}"))),
+        }
+    }
+
+    /// The subtask this instance runs as.
+    pub fn task(&self) -> &types::TaskInfo {
+        &self.rt.task
+    }
+
+    fn declared(&self, name: &'static str, kind: StateKind, keyed: bool) -> Result<()> {
+        let d = self.rt.info.state(name).ok_or_else(|| {
+            Error::msg(format!(
+                "state `{name}` is not declared in `{}`'s OperatorInfo::states",
+                self.rt.info.name
+            ))
+        })?;
+        if d.kind != kind || d.keyed != keyed {
+            return Err(Error::msg(format!(
+                "state `{name}` is declared as {:?} (keyed: {}), but used as {kind:?} (keyed: {keyed})",
+                d.kind, d.keyed
+            )));
+        }
+        if self.rt.keyed.iter().any(|r| r.name == name)
+            || self.rt.operator_states.iter().any(|r| r.name == name)
+        {
+            return Err(Error::msg(format!("state `{name}` is registered twice")));
+        }
+        Ok(())
+    }
+
+    /// The keyed value state `name` (declared with `StateDescriptor::keyed_value`).
+    pub fn value_state<T: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<ValueState<T>> {
+        self.declared(name, StateKind::Value, true)?;
+        let (table, erased) = new_table::<T>(self.rt.group_count());
+        self.rt.keyed.push(Registered {
+            name,
+            table: erased,
+        });
+        Ok(ValueState { table })
+    }
+
+    /// The keyed list state `name`.
+    pub fn list_state<T: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<ListState<T>> {
+        self.declared(name, StateKind::List, true)?;
+        let (table, erased) = new_table::<Vec<T>>(self.rt.group_count());
+        self.rt.keyed.push(Registered {
+            name,
+            table: erased,
+        });
+        Ok(ListState { table })
+    }
+
+    /// The keyed map state `name`.
+    pub fn map_state<K, V>(&mut self, name: &'static str) -> Result<MapState<K, V>>
+    where
+        K: Ord + Serialize + DeserializeOwned + 'static,
+        V: Serialize + DeserializeOwned + 'static,
+    {
+        self.declared(name, StateKind::Map, true)?;
+        let (table, erased) = new_table::<BTreeMap<K, V>>(self.rt.group_count());
+        self.rt.keyed.push(Registered {
+            name,
+            table: erased,
+        });
+        Ok(MapState { table })
+    }
+
+    /// The per-subtask value `name` (declared with `StateDescriptor::operator_value`).
+    pub fn operator_value<T: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<OperatorValue<T>> {
+        self.declared(name, StateKind::Value, false)?;
+        let cell = Rc::new(RefCell::new(None::<T>));
+        self.rt.operator_states.push(RegisteredOperatorState {
+            name,
+            cell: cell.clone(),
+        });
+        Ok(OperatorValue { cell })
+    }
+}

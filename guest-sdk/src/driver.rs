@@ -1,0 +1,312 @@
+//! The glue between the generated export bindings and an [`Operator`]: decodes batches,
+//! sets up each record's [`Context`], flushes emits, encodes and decodes snapshots.
+//!
+//! Invariant: every export call ends with the emit buffer handed to the host, so the host
+//! sees a call's output before it makes the next call (barriers stay aligned with data).
+
+use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
+
+use crate::bindings::{context as host_context, logging, types};
+use crate::context::{Context, OpenContext, Runtime};
+use crate::operator::{CoOperator, Operator, TimeDomain};
+use crate::record::{NO_KEY_GROUP, RecordReader};
+use crate::state::{Cursor, encode_group};
+use crate::{Error, Result};
+
+struct Instance<Op> {
+    op: Op,
+    rt: Runtime,
+}
+
+/// Where the exported component keeps its one operator instance.
+pub struct Slot<Op>(UnsafeCell<Option<Instance<Op>>>);
+
+// SAFETY: a component instance is single-threaded; the host never re-enters an export.
+unsafe impl<Op> Sync for Slot<Op> {}
+
+impl<Op> Slot<Op> {
+    /// An empty slot.
+    pub const fn new() -> Self {
+        Slot(UnsafeCell::new(None))
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn get(&self) -> &mut Option<Instance<Op>> {
+        // SAFETY: see `Sync` above: exports run one at a time and do not re-enter.
+        unsafe { &mut *self.0.get() }
+    }
+
+    fn instance(&self) -> Result<&mut Instance<Op>, String> {
+        self.get()
+            .as_mut()
+            .ok_or_else(|| "operator used before `open`".to_string())
+    }
+}
+
+impl<Op> Default for Slot<Op> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Which input a batch came from.
+#[derive(Clone, Copy)]
+pub enum Input {
+    /// The only (or left) input.
+    Left,
+    /// The right input of a two-input operator.
+    Right,
+}
+
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            logging::log(logging::Level::Error, &format!("operator panicked: {info}"));
+        }))
+    });
+}
+
+/// `describe` export.
+pub fn describe<Op: Operator>() -> types::OperatorInfo {
+    install_panic_hook();
+    Op::INFO.to_wit()
+}
+
+/// `open` export.
+pub fn open<Op: Operator>(slot: &Slot<Op>, config: Vec<(String, String)>) -> Result<(), String> {
+    install_panic_hook();
+    let config: BTreeMap<String, String> = config.into_iter().collect();
+    let mut rt = Runtime::new(Op::INFO, host_context::task());
+    let op = Op::open(&mut OpenContext {
+        rt: &mut rt,
+        config: &config,
+    })
+    .map_err(|e| e.to_string())?;
+    *slot.get() = Some(Instance { op, rt });
+    Ok(())
+}
+
+/// Runs `f` for every record of `batch` with the record's [`Context`], then flushes emits.
+fn for_each_record<Op: Operator>(
+    slot: &Slot<Op>,
+    batch: &[u8],
+    mut f: impl FnMut(&mut Op, &mut Context<'_>, crate::Record<'_>) -> Result<()>,
+) -> Result<(), String> {
+    let inst = slot.instance()?;
+    let mut run = || {
+        let mut reader = RecordReader::new(batch);
+        while let Some(rec) = reader.next_record()? {
+            let mut ctx = Context {
+                slot: inst.rt.slot_of(rec.key_group),
+                rt: &mut inst.rt,
+                key_group: rec.key_group,
+                key: rec.key,
+                timestamp: rec.timestamp,
+            };
+            f(&mut inst.op, &mut ctx, rec)?;
+        }
+        Ok::<(), Error>(())
+    };
+    let r = run();
+    inst.rt.flush();
+    r.map_err(|e| e.to_string())
+}
+
+/// `process` export of a one-input operator, `process-left` of a two-input one.
+pub fn process<Op: Operator>(slot: &Slot<Op>, batch: Vec<u8>) -> Result<(), String> {
+    for_each_record(slot, &batch, |op, ctx, rec| op.process(ctx, rec))
+}
+
+/// `process-right` export of a two-input operator.
+pub fn process_right<Op: CoOperator>(slot: &Slot<Op>, batch: Vec<u8>) -> Result<(), String> {
+    for_each_record(slot, &batch, |op, ctx, rec| op.process_right(ctx, rec))
+}
+
+/// `on-timer` export: the batch holds the fired timers (tag = key group, ts = time).
+pub fn on_timer<Op: Operator>(
+    slot: &Slot<Op>,
+    domain: TimeDomain,
+    timers: Vec<u8>,
+) -> Result<(), String> {
+    for_each_record(slot, &timers, |op, ctx, _| op.on_timer(ctx, domain))
+}
+
+/// `on-watermark` export.
+pub fn on_watermark<Op: Operator>(slot: &Slot<Op>, watermark: i64) -> Result<(), String> {
+    let inst = slot.instance()?;
+    let mut ctx = Context {
+        rt: &mut inst.rt,
+        slot: None,
+        key_group: NO_KEY_GROUP,
+        key: &[],
+        timestamp: watermark,
+    };
+    let r = inst.op.on_watermark(&mut ctx, watermark);
+    inst.rt.flush();
+    r.map_err(|e| e.to_string())
+}
+
+/// `close` export.
+pub fn close<Op: Operator>(slot: &Slot<Op>) -> Result<(), String> {
+    let inst = slot.instance()?;
+    let mut ctx = Context {
+        rt: &mut inst.rt,
+        slot: None,
+        key_group: NO_KEY_GROUP,
+        key: &[],
+        timestamp: i64::MAX,
+    };
+    let r = inst.op.close(&mut ctx);
+    inst.rt.flush();
+    r.map_err(|e| e.to_string())
+}
+
+/// `snapshot` export.
+pub fn snapshot<Op: Operator>(
+    slot: &Slot<Op>,
+    mode: types::SnapshotMode,
+) -> Result<types::OperatorSnapshot, String> {
+    let inst = slot.instance()?;
+    take_snapshot(&mut inst.rt, mode).map_err(|e| e.to_string())
+}
+
+fn take_snapshot(rt: &mut Runtime, mode: types::SnapshotMode) -> Result<types::OperatorSnapshot> {
+    let full = matches!(mode, types::SnapshotMode::Full);
+    let mut keyed = Vec::new();
+    for slot in 0..rt.group_count() {
+        let dirty = rt.keyed.iter().any(|s| s.table.borrow().is_dirty(slot));
+        let empty = rt.keyed.iter().all(|s| s.table.borrow().len(slot) == 0);
+        // Full: every group with data. Incremental: every changed group, even if it became
+        // empty (that is how a cleared group is told apart from an unchanged one).
+        if (full && !empty) || (!full && dirty) {
+            let mut data = Vec::new();
+            if !empty {
+                encode_group(&rt.keyed, slot, &mut data)?;
+            }
+            keyed.push(types::KeyGroupState {
+                key_group: rt.task.key_group_start + slot as u32,
+                data,
+            });
+        }
+    }
+    for s in &rt.keyed {
+        s.table.borrow_mut().clear_dirty();
+    }
+    let mut operator_state = Vec::new();
+    if !rt.operator_states.is_empty() {
+        operator_state.extend_from_slice(&(rt.operator_states.len() as u32).to_le_bytes());
+        for s in &rt.operator_states {
+            operator_state.extend_from_slice(&(s.name.len() as u32).to_le_bytes());
+            operator_state.extend_from_slice(s.name.as_bytes());
+            match s.cell.borrow().encode()? {
+                None => operator_state.extend_from_slice(&0u32.to_le_bytes()),
+                Some(v) => {
+                    operator_state.extend_from_slice(&1u32.to_le_bytes());
+                    operator_state.extend_from_slice(&0u32.to_le_bytes());
+                    operator_state.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    operator_state.extend_from_slice(&v);
+                }
+            }
+        }
+    }
+    Ok(types::OperatorSnapshot {
+        keyed,
+        operator_state,
+    })
+}
+
+/// `restore` export.
+pub fn restore<Op: Operator>(
+    slot: &Slot<Op>,
+    schema_version: u32,
+    state: types::OperatorSnapshot,
+) -> Result<(), String> {
+    let inst = slot.instance()?;
+    restore_state::<Op>(&mut inst.rt, schema_version, &state).map_err(|e| e.to_string())
+}
+
+fn restore_state<Op: Operator>(
+    rt: &mut Runtime,
+    from: u32,
+    state: &types::OperatorSnapshot,
+) -> Result<()> {
+    let info = Op::INFO;
+    let migrate = if from == info.schema_version {
+        false
+    } else if info.migrates_from.contains(&from) {
+        true
+    } else {
+        return Err(Error::msg(format!(
+            "`{}` {} writes state schema {} and migrates from {:?}; it cannot restore state of schema {from}",
+            info.name, info.version, info.schema_version, info.migrates_from
+        )));
+    };
+    let convert = |name: &str, bytes: &[u8]| -> Result<Option<Vec<u8>>> {
+        if migrate {
+            Op::migrate_value(name, from, bytes).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    for kg in &state.keyed {
+        let slot = rt.slot_of(kg.key_group).ok_or_else(|| {
+            Error::msg(format!(
+                "restore handed key group {} to a subtask owning [{}, {})",
+                kg.key_group, rt.task.key_group_start, rt.task.key_group_end
+            ))
+        })?;
+        if kg.data.is_empty() {
+            continue;
+        }
+        let mut c = Cursor::new(&kg.data);
+        for _ in 0..c.u32()? {
+            let name = std::str::from_utf8(c.chunk()?)
+                .map_err(|_| Error::msg("corrupt state blob: state name"))?;
+            let reg = rt.keyed.iter().find(|r| r.name == name).ok_or_else(|| {
+                Error::msg(format!(
+                    "the snapshot holds keyed state `{name}`, which `{}` {} does not register",
+                    info.name, info.version
+                ))
+            })?;
+            let mut table = reg.table.borrow_mut();
+            for _ in 0..c.u32()? {
+                let key = c.chunk()?;
+                let value = c.chunk()?;
+                match convert(name, value)? {
+                    Some(v) => table.insert_encoded(slot, key, &v),
+                    None => table.insert_encoded(slot, key, value),
+                }
+                .map_err(|e| e.context(format!("state `{name}`")))?;
+            }
+        }
+    }
+    if !state.operator_state.is_empty() {
+        let mut c = Cursor::new(&state.operator_state);
+        for _ in 0..c.u32()? {
+            let name = std::str::from_utf8(c.chunk()?)
+                .map_err(|_| Error::msg("corrupt state blob: state name"))?;
+            let reg = rt
+                .operator_states
+                .iter()
+                .find(|r| r.name == name)
+                .ok_or_else(|| {
+                    Error::msg(format!(
+                        "the snapshot holds operator state `{name}`, which `{}` does not register",
+                        info.name
+                    ))
+                })?;
+            for _ in 0..c.u32()? {
+                let _key = c.chunk()?;
+                let value = c.chunk()?;
+                let value = convert(name, value)?.unwrap_or_else(|| value.to_vec());
+                reg.cell.borrow_mut().decode(&value)?;
+            }
+        }
+        if !c.is_empty() {
+            return Err(Error::msg("corrupt operator state: trailing bytes"));
+        }
+    }
+    Ok(())
+}

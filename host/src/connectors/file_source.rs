@@ -1,0 +1,96 @@
+//! The text file source: one record per line (without the line break).
+//!
+//! Subtask `s` of `p` takes the lines whose 0-based number is `s mod p`. Its position is the
+//! byte offset and line number of the next line, so it can rewind.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use crate::record::RecordRef;
+use crate::runtime::output::{Disconnected, Output};
+
+/// One file source subtask.
+pub struct FileSource {
+    reader: BufReader<File>,
+    line: Vec<u8>,
+    line_no: u64,
+    offset: u64,
+    subtask: u64,
+    parallelism: u64,
+    key_column: Option<u32>,
+}
+
+/// Why a file source stopped.
+pub enum FileSourceError {
+    /// Reading failed.
+    Io(std::io::Error),
+    /// Downstream is gone.
+    Disconnected(Disconnected),
+}
+
+impl FileSource {
+    /// Opens `path` for subtask `subtask` of `parallelism`.
+    pub fn open(
+        path: &Path,
+        subtask: u32,
+        parallelism: u32,
+        key_column: Option<u32>,
+    ) -> std::io::Result<Self> {
+        Ok(FileSource {
+            reader: BufReader::with_capacity(256 * 1024, File::open(path)?),
+            line: Vec::new(),
+            line_no: 0,
+            offset: 0,
+            subtask: subtask as u64,
+            parallelism: parallelism as u64,
+            key_column,
+        })
+    }
+
+    /// Byte offset of the next line.
+    pub fn position(&self) -> u64 {
+        self.offset
+    }
+
+    /// Emits up to `max` lines; returns how many (0 at end of file).
+    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<u32, FileSourceError> {
+        let mut n = 0;
+        while n < max {
+            self.line.clear();
+            let read = self
+                .reader
+                .read_until(b'\n', &mut self.line)
+                .map_err(FileSourceError::Io)?;
+            if read == 0 {
+                break;
+            }
+            self.offset += read as u64;
+            let no = self.line_no;
+            self.line_no += 1;
+            if no % self.parallelism != self.subtask {
+                continue;
+            }
+            let mut text: &[u8] = &self.line;
+            if text.ends_with(b"\n") {
+                text = &text[..text.len() - 1];
+            }
+            if text.ends_with(b"\r") {
+                text = &text[..text.len() - 1];
+            }
+            let key = match self.key_column {
+                None => &[][..],
+                Some(c) => text.split(|&b| b == b',').nth(c as usize).unwrap_or(&[]),
+            };
+            out.emit(RecordRef {
+                tag: 0,
+                timestamp: no as i64,
+                key,
+                value: text,
+            })
+            .map_err(FileSourceError::Disconnected)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}

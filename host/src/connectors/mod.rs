@@ -1,0 +1,5 @@
+//! Host-native sources and sinks.
+
+pub mod file_sink;
+pub mod file_source;
+pub mod generator;

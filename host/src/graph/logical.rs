@@ -1,0 +1,169 @@
+//! The validated job: nodes (sources, operators, sinks) and edges between them.
+//!
+//! Invariants established by [`crate::job::load`]: ids are unique; every edge connects
+//! existing nodes, never leaves a sink or enters a source; parallelism is in
+//! `1..=max_parallelism`; forward edges join equal parallelism; the graph is acyclic;
+//! component and input files exist.
+
+use std::path::PathBuf;
+
+use crate::graph::partition::Partition;
+use crate::ids::NodeId;
+
+/// A validated job.
+#[derive(Debug, Clone)]
+pub struct JobGraph {
+    /// `[job] name`.
+    pub name: String,
+    /// The job file.
+    pub file: PathBuf,
+    /// Number of key groups.
+    pub max_parallelism: u32,
+    /// Records per batch.
+    pub batch_size: u32,
+    /// Batches per channel.
+    pub channel_capacity: usize,
+    /// Nodes in file order: sources, then operators, then sinks.
+    pub nodes: Vec<Node>,
+    /// Edges.
+    pub edges: Vec<Edge>,
+}
+
+impl JobGraph {
+    /// Index of the node with uid `id`.
+    pub fn node_index(&self, id: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id.as_str() == id)
+    }
+
+    /// Edges into node `i`, in file order.
+    pub fn inputs_of(&self, i: usize) -> impl Iterator<Item = &Edge> {
+        self.edges.iter().filter(move |e| e.to == i)
+    }
+
+    /// Edges out of node `i`.
+    pub fn outputs_of(&self, i: usize) -> impl Iterator<Item = &Edge> {
+        self.edges.iter().filter(move |e| e.from == i)
+    }
+}
+
+/// A node.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Uid.
+    pub id: NodeId,
+    /// Parallel instances.
+    pub parallelism: u32,
+    /// What it is.
+    pub kind: NodeKind,
+    /// Line in the job file (for errors).
+    pub line: usize,
+}
+
+/// The kinds of nodes.
+#[derive(Debug, Clone)]
+pub enum NodeKind {
+    /// Host-native source.
+    Source(SourceKind),
+    /// A WASM operator.
+    Operator(OperatorNode),
+    /// Host-native sink.
+    Sink(SinkKind),
+}
+
+/// Sources.
+#[derive(Debug, Clone)]
+pub enum SourceKind {
+    /// Lines of a text file.
+    File {
+        /// Absolute path.
+        path: PathBuf,
+        /// Key = this comma-separated column, if set.
+        key_column: Option<u32>,
+    },
+    /// Deterministic generator.
+    Generator(GeneratorConfig),
+}
+
+/// A deterministic generator: record `i` (`0 <= i < count`, split round-robin over the
+/// subtasks) has key `i mod keys` (decimal text), timestamp `i`, and value `i` (decimal
+/// text) or `value_bytes` pseudo-random bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct GeneratorConfig {
+    /// Records in total.
+    pub count: u64,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Random value bytes instead of the sequence number.
+    pub value_bytes: Option<u32>,
+    /// Records per second per subtask.
+    pub rate: Option<u64>,
+    /// Seed for value bytes.
+    pub seed: u64,
+}
+
+/// A WASM operator.
+#[derive(Debug, Clone)]
+pub struct OperatorNode {
+    /// Absolute path of the component.
+    pub component: PathBuf,
+    /// The `config` table, as strings.
+    pub config: Vec<(String, String)>,
+}
+
+/// How sinks write records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkFormat {
+    /// The value, one line per record.
+    Value,
+    /// `<key> <value>`.
+    KeyValue,
+}
+
+/// Sinks.
+#[derive(Debug, Clone)]
+pub enum SinkKind {
+    /// Committed part files in a directory.
+    File {
+        /// Absolute path of the directory.
+        path: PathBuf,
+        /// Line format.
+        format: SinkFormat,
+    },
+    /// Standard output.
+    Stdout {
+        /// Line format.
+        format: SinkFormat,
+    },
+    /// Counts records, writes nothing (benchmarks).
+    Blackhole,
+}
+
+/// Which input of a two-input operator an edge feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// A one-input operator's input, or the left input.
+    Left,
+    /// The right input of a two-input operator.
+    Right,
+}
+
+/// An edge.
+#[derive(Debug, Clone)]
+pub struct Edge {
+    /// Upstream node index.
+    pub from: usize,
+    /// Side output name of the upstream operator (`None` = main output).
+    pub output: Option<String>,
+    /// Output port (0 = main), resolved against the component's side outputs.
+    pub port: u32,
+    /// Downstream node index.
+    pub to: usize,
+    /// Which input of the downstream node.
+    pub side: Side,
+    /// `side` was given explicitly in the job file.
+    pub side_given: bool,
+    /// Partitioning.
+    pub partition: Partition,
+    /// Line in the job file.
+    pub line: usize,
+}

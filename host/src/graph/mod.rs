@@ -1,0 +1,4 @@
+//! The dataflow model: the validated job graph and how edges partition records.
+
+pub mod logical;
+pub mod partition;

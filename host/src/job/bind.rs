@@ -1,0 +1,98 @@
+//! Checks a [`JobGraph`] against its components (loaded once per job): worlds against
+//! input sides, keyed state against partitioning, side output names against declarations.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use wasmtime::Engine;
+
+use crate::graph::logical::{JobGraph, NodeKind, Side};
+use crate::graph::partition::Partition;
+use crate::job::JobError;
+use crate::runtime::error::RunError;
+use crate::sandbox::instance::LoadedComponent;
+
+/// A job whose components are compiled and match its graph.
+pub struct BoundJob {
+    /// The graph, with output ports resolved.
+    pub graph: JobGraph,
+    /// Component of each operator node, by node index.
+    pub components: BTreeMap<usize, Arc<LoadedComponent>>,
+}
+
+/// Loads every component of `graph` and checks the graph against them.
+pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> {
+    let mut components = BTreeMap::new();
+    for (i, n) in graph.nodes.iter().enumerate() {
+        if let NodeKind::Operator(op) = &n.kind {
+            let c = LoadedComponent::load(engine, n.id.as_str(), &op.component)?;
+            components.insert(i, Arc::new(c));
+        }
+    }
+    let err = |line: usize, message: String| JobError {
+        file: graph.file.clone(),
+        line: Some(line),
+        message,
+    };
+    for (&i, c) in &components {
+        let node = &graph.nodes[i];
+        let info = &c.info;
+        let inputs: Vec<_> = graph.inputs_of(i).collect();
+        if info.two_input {
+            for e in &inputs {
+                if !e.side_given {
+                    return Err(err(e.line, format!(
+                        "`{}` is a two-input operator ({} {}); give each input `side = \"left\"` or `side = \"right\"`",
+                        node.id, info.name, info.version
+                    )).into());
+                }
+            }
+            for (side, name) in [(Side::Left, "left"), (Side::Right, "right")] {
+                if !inputs.iter().any(|e| e.side == side) {
+                    return Err(err(node.line, format!("two-input operator `{}` has no {name} input; add one with `side = \"{name}\"`", node.id)).into());
+                }
+            }
+        } else if let Some(e) = inputs.iter().find(|e| e.side_given) {
+            return Err(err(e.line, format!(
+                "`{}` is a one-input operator ({} {}); remove `side` from its inputs (several inputs are a union)",
+                node.id, info.name, info.version
+            )).into());
+        }
+        if info.has_keyed_state() {
+            let states: Vec<&str> = info
+                .states
+                .iter()
+                .filter(|s| s.2)
+                .map(|s| s.0.as_str())
+                .collect();
+            for e in &inputs {
+                if e.partition != Partition::Hash {
+                    return Err(err(e.line, format!(
+                        "operator `{}` keeps keyed state ({}) but its input from `{}` uses partition `{}`; use `partition = \"hash\"`",
+                        node.id, states.join(", "), graph.nodes[e.from].id, e.partition.name()
+                    )).into());
+                }
+            }
+        }
+    }
+    for e in &mut graph.edges {
+        let Some(name) = &e.output else { continue };
+        let c = &components[&e.from];
+        match c.info.side_outputs.iter().position(|s| s == name) {
+            Some(p) => e.port = p as u32 + 1,
+            None => {
+                return Err(JobError {
+                    file: graph.file.clone(),
+                    line: Some(e.line),
+                    message: format!(
+                        "`{}` has no side output `{name}`; it declares: [{}]",
+                        graph.nodes[e.from].id,
+                        c.info.side_outputs.join(", ")
+                    ),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(BoundJob { graph, components })
+}

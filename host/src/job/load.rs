@@ -1,0 +1,536 @@
+//! Loading and validating a job file into a [`JobGraph`].
+//!
+//! Every error names the file, the line and the field, and says what to do.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+use toml::Spanned;
+
+use crate::graph::logical::{
+    Edge, GeneratorConfig, JobGraph, Node, NodeKind, OperatorNode, Side, SinkFormat, SinkKind,
+    SourceKind,
+};
+use crate::graph::partition::Partition;
+use crate::ids::NodeId;
+use crate::job::spec::{InputSpec, JobSpec};
+
+/// Largest supported `max_parallelism` (key groups).
+pub const MAX_KEY_GROUPS: u32 = 32_768;
+
+/// A job file that cannot run.
+#[derive(Debug, Error)]
+#[error("{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct JobError {
+    /// The job file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+struct Ctx<'a> {
+    file: &'a Path,
+    dir: &'a Path,
+    src: &'a str,
+}
+
+impl Ctx<'_> {
+    fn line(&self, span: Range<usize>) -> Option<usize> {
+        if span.start == 0 && span.end == 0 {
+            return None;
+        }
+        Some(
+            self.src[..span.start.min(self.src.len())]
+                .matches('\n')
+                .count()
+                + 1,
+        )
+    }
+
+    fn err<T>(&self, span: Range<usize>, message: impl Into<String>) -> Result<T, JobError> {
+        Err(JobError {
+            file: self.file.to_path_buf(),
+            line: self.line(span),
+            message: message.into(),
+        })
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.join(p)
+    }
+}
+
+/// Reads and validates the job file at `path`.
+pub fn load(path: &Path) -> Result<JobGraph, JobError> {
+    let src = std::fs::read_to_string(path).map_err(|e| JobError {
+        file: path.to_path_buf(),
+        line: None,
+        message: format!("cannot read the job file: {e}"),
+    })?;
+    parse(path, &src)
+}
+
+/// Validates job file text `src` as if read from `path` (paths resolve against its directory).
+pub fn parse(path: &Path, src: &str) -> Result<JobGraph, JobError> {
+    let dir = path.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
+    let dir = dir.unwrap_or(Path::new("."));
+    let cx = Ctx {
+        file: path,
+        dir,
+        src,
+    };
+    let spec: JobSpec = toml::from_str(src).map_err(|e| JobError {
+        file: path.to_path_buf(),
+        line: e
+            .span()
+            .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1),
+        message: format!(
+            "{}\n  (see the job file reference in README.md)",
+            e.message().trim_end()
+        ),
+    })?;
+    build(&cx, spec)
+}
+
+fn parallelism(
+    cx: &Ctx,
+    p: &Option<Spanned<u32>>,
+    default: u32,
+    max: u32,
+    id: &str,
+) -> Result<u32, JobError> {
+    let Some(p) = p else { return Ok(default) };
+    let v = *p.get_ref();
+    if v == 0 {
+        return cx.err(p.span(), format!("`{id}`: parallelism must be at least 1"));
+    }
+    if v > max {
+        return cx.err(
+            p.span(),
+            format!(
+                "`{id}`: parallelism {v} is greater than the job's max_parallelism {max}; \
+                 lower it or raise [job] max_parallelism (the number of key groups)"
+            ),
+        );
+    }
+    Ok(v)
+}
+
+fn config_string(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
+    let name = spec.job.name.get_ref().trim().to_string();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return cx.err(
+            spec.job.name.span(),
+            format!("[job] name `{name}` must be non-empty ASCII letters, digits, `-` or `_` (it names directories)"),
+        );
+    }
+    let max_p = *spec.job.max_parallelism.get_ref();
+    if max_p == 0 || max_p > MAX_KEY_GROUPS {
+        return cx.err(
+            spec.job.max_parallelism.span(),
+            format!("[job] max_parallelism must be in 1..={MAX_KEY_GROUPS}, got {max_p}"),
+        );
+    }
+    let default_p = parallelism(cx, &spec.job.parallelism, 1, max_p, "[job]")?;
+    let batch_size = match &spec.job.batch_size {
+        Some(b) if *b.get_ref() == 0 => {
+            return cx.err(b.span(), "[job] batch_size must be at least 1");
+        }
+        Some(b) => *b.get_ref(),
+        None => 1024,
+    };
+    let channel_capacity = match &spec.job.channel_capacity {
+        Some(c) if *c.get_ref() == 0 => {
+            return cx.err(c.span(), "[job] channel_capacity must be at least 1");
+        }
+        Some(c) => *c.get_ref() as usize,
+        None => 8,
+    };
+
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut seen: HashMap<String, Range<usize>> = HashMap::new();
+    let mut add_id = |cx: &Ctx, id: &Spanned<String>| -> Result<NodeId, JobError> {
+        let s = id.get_ref();
+        if s.is_empty()
+            || !s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return cx.err(
+                id.span(),
+                format!("id `{s}` must be ASCII letters, digits, `-` or `_`"),
+            );
+        }
+        if let Some(prev) = seen.get(s) {
+            let prev_line = cx
+                .line(prev.clone())
+                .map(|l| format!(" (first defined on line {l})"))
+                .unwrap_or_default();
+            return cx.err(id.span(), format!("duplicate id `{s}`{prev_line}; every source, operator and sink needs its own id"));
+        }
+        seen.insert(s.clone(), id.span());
+        Ok(NodeId::new(s))
+    };
+
+    for s in &spec.source {
+        let id = add_id(cx, &s.id)?;
+        let p = parallelism(cx, &s.parallelism, 1, max_p, id.as_str())?;
+        let line = cx.line(s.id.span()).unwrap_or(0);
+        let kind = match s.kind.get_ref().as_str() {
+            "file" => {
+                let Some(path) = &s.path else {
+                    return cx.err(
+                        s.id.span(),
+                        format!("file source `{id}` needs `path = \"<input file>\"`"),
+                    );
+                };
+                let full = cx.path(path.get_ref());
+                if !full.is_file() {
+                    return cx.err(
+                        path.span(),
+                        format!(
+                            "file source `{id}`: input file {} does not exist",
+                            full.display()
+                        ),
+                    );
+                }
+                SourceKind::File {
+                    path: full,
+                    key_column: s.key_column.as_ref().map(|k| *k.get_ref()),
+                }
+            }
+            "generator" => {
+                let Some(count) = &s.count else {
+                    return cx.err(
+                        s.id.span(),
+                        format!("generator source `{id}` needs `count = <records>`"),
+                    );
+                };
+                let keys = s.keys.as_ref().map(|k| *k.get_ref()).unwrap_or(1000);
+                if keys == 0 {
+                    return cx.err(
+                        s.keys.as_ref().unwrap().span(),
+                        format!("generator `{id}`: keys must be at least 1"),
+                    );
+                }
+                SourceKind::Generator(GeneratorConfig {
+                    count: *count.get_ref(),
+                    keys,
+                    value_bytes: s.value_bytes.as_ref().map(|v| *v.get_ref()),
+                    rate: s.rate.as_ref().map(|v| *v.get_ref()).filter(|&r| r > 0),
+                    seed: s.seed.as_ref().map(|v| *v.get_ref()).unwrap_or(0),
+                })
+            }
+            other => {
+                return cx.err(
+                    s.kind.span(),
+                    format!("source `{id}`: unknown type `{other}`; use `file` or `generator`"),
+                );
+            }
+        };
+        nodes.push(Node {
+            id,
+            parallelism: p,
+            kind: NodeKind::Source(kind),
+            line,
+        });
+    }
+    for o in &spec.operator {
+        let id = add_id(cx, &o.id)?;
+        let p = parallelism(cx, &o.parallelism, default_p, max_p, id.as_str())?;
+        let component = cx.path(o.component.get_ref());
+        if !component.is_file() {
+            return cx.err(
+                o.component.span(),
+                format!(
+                    "operator `{id}`: component {} does not exist; build the guests first \
+                     (`cargo build --profile guest --target wasm32-unknown-unknown`) or fix the path \
+                     (paths are relative to the job file)",
+                    component.display()
+                ),
+            );
+        }
+        let config = o
+            .config
+            .iter()
+            .map(|(k, v)| (k.clone(), config_string(v)))
+            .collect();
+        let line = cx.line(o.id.span()).unwrap_or(0);
+        nodes.push(Node {
+            id,
+            parallelism: p,
+            kind: NodeKind::Operator(OperatorNode { component, config }),
+            line,
+        });
+    }
+    for s in &spec.sink {
+        let id = add_id(cx, &s.id)?;
+        let p = parallelism(cx, &s.parallelism, default_p, max_p, id.as_str())?;
+        let format = match s.format.as_ref().map(|f| f.get_ref().as_str()) {
+            None | Some("value") => SinkFormat::Value,
+            Some("key_value") => SinkFormat::KeyValue,
+            Some(other) => {
+                return cx.err(
+                    s.format.as_ref().unwrap().span(),
+                    format!("sink `{id}`: unknown format `{other}`; use `value` or `key_value`"),
+                );
+            }
+        };
+        let kind = match s.kind.get_ref().as_str() {
+            "file" => {
+                let Some(path) = &s.path else {
+                    return cx.err(
+                        s.id.span(),
+                        format!("file sink `{id}` needs `path = \"<output directory>\"`"),
+                    );
+                };
+                SinkKind::File {
+                    path: cx.path(path.get_ref()),
+                    format,
+                }
+            }
+            "stdout" => SinkKind::Stdout { format },
+            "blackhole" => SinkKind::Blackhole,
+            other => {
+                return cx.err(
+                    s.kind.span(),
+                    format!(
+                        "sink `{id}`: unknown type `{other}`; use `file`, `stdout` or `blackhole`"
+                    ),
+                );
+            }
+        };
+        let line = cx.line(s.id.span()).unwrap_or(0);
+        nodes.push(Node {
+            id,
+            parallelism: p,
+            kind: NodeKind::Sink(kind),
+            line,
+        });
+    }
+
+    let index: BTreeMap<String, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.id.to_string(), i))
+        .collect();
+    let known = || index.keys().cloned().collect::<Vec<_>>().join(", ");
+    let mut edges = Vec::new();
+    let consumers = spec
+        .operator
+        .iter()
+        .map(|o| (&o.id, &o.inputs))
+        .chain(spec.sink.iter().map(|s| (&s.id, &s.inputs)));
+    for (to_id, inputs) in consumers {
+        let to = index[to_id.get_ref()];
+        if inputs.is_empty() {
+            return cx.err(
+                to_id.span(),
+                format!(
+                    "`{}` has no inputs; add `inputs = [{{ from = \"<id>\" }}]`",
+                    to_id.get_ref()
+                ),
+            );
+        }
+        for input in inputs {
+            edges.push(edge(cx, &nodes, &index, to, input, &known)?);
+        }
+    }
+    check_acyclic(cx, &nodes, &edges)?;
+    for (i, n) in nodes.iter().enumerate() {
+        if matches!(n.kind, NodeKind::Source(_)) && !edges.iter().any(|e| e.from == i) {
+            return Err(JobError {
+                file: cx.file.to_path_buf(),
+                line: Some(n.line),
+                message: format!(
+                    "source `{}` is not read by any operator or sink; remove it or add it to an `inputs` list",
+                    n.id
+                ),
+            });
+        }
+    }
+    Ok(JobGraph {
+        name,
+        file: cx.file.to_path_buf(),
+        max_parallelism: max_p,
+        batch_size,
+        channel_capacity,
+        nodes,
+        edges,
+    })
+}
+
+fn edge(
+    cx: &Ctx,
+    nodes: &[Node],
+    index: &BTreeMap<String, usize>,
+    to: usize,
+    input: &InputSpec,
+    known: &dyn Fn() -> String,
+) -> Result<Edge, JobError> {
+    let to_node = &nodes[to];
+    let from_name = input.from.get_ref();
+    let Some(&from) = index.get(from_name) else {
+        return cx.err(
+            input.from.span(),
+            format!("`{}` reads from unknown id `{from_name}`; inputs must name a source or operator (known ids: {})", to_node.id, known()),
+        );
+    };
+    let from_node = &nodes[from];
+    if matches!(from_node.kind, NodeKind::Sink(_)) {
+        return cx.err(
+            input.from.span(),
+            format!(
+                "`{}` reads from sink `{from_name}`; sinks have no output",
+                to_node.id
+            ),
+        );
+    }
+    if from == to {
+        return cx.err(
+            input.from.span(),
+            format!("`{}` reads from itself", to_node.id),
+        );
+    }
+    let partition = match &input.partition {
+        None if from_node.parallelism == to_node.parallelism => Partition::Forward,
+        None => Partition::Rebalance,
+        Some(p) => Partition::parse(p.get_ref()).map_or_else(
+            || {
+                cx.err(
+                    p.span(),
+                    format!(
+                        "unknown partition `{}`; use forward, hash, broadcast or rebalance",
+                        p.get_ref()
+                    ),
+                )
+            },
+            Ok,
+        )?,
+    };
+    if partition == Partition::Forward && from_node.parallelism != to_node.parallelism {
+        let span = input
+            .partition
+            .as_ref()
+            .map(|p| p.span())
+            .unwrap_or(input.from.span());
+        return cx.err(
+            span,
+            format!(
+                "forward edge `{from_name}` (parallelism {}) -> `{}` (parallelism {}) needs equal parallelism; use `rebalance` or `hash`",
+                from_node.parallelism, to_node.id, to_node.parallelism
+            ),
+        );
+    }
+    let side = match input.side.as_ref().map(|s| s.get_ref().as_str()) {
+        None | Some("left") => Side::Left,
+        Some("right") => Side::Right,
+        Some(other) => {
+            return cx.err(
+                input.side.as_ref().unwrap().span(),
+                format!("unknown side `{other}`; use `left` or `right`"),
+            );
+        }
+    };
+    if let Some(side) = &input.side
+        && !matches!(to_node.kind, NodeKind::Operator(_))
+    {
+        return cx.err(
+            side.span(),
+            format!(
+                "`side` applies to two-input operators, not to `{}`",
+                to_node.id
+            ),
+        );
+    }
+    let output = input.output.as_ref().map(|o| o.get_ref().clone());
+    if let Some(o) = &input.output
+        && !matches!(from_node.kind, NodeKind::Operator(_))
+    {
+        return cx.err(
+            o.span(),
+            format!("`output` names a side output of an operator; `{from_name}` is not one"),
+        );
+    }
+    Ok(Edge {
+        from,
+        output,
+        port: 0,
+        to,
+        side,
+        side_given: input.side.is_some(),
+        partition,
+        line: cx.line(input.from.span()).unwrap_or(0),
+    })
+}
+
+fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobError> {
+    // Iterative DFS with colours; a grey successor closes a cycle.
+    let n = nodes.len();
+    let mut colour = vec![0u8; n];
+    for root in 0..n {
+        if colour[root] != 0 {
+            continue;
+        }
+        let mut stack = vec![(root, 0usize)];
+        let mut path = vec![root];
+        colour[root] = 1;
+        while let Some((node, next)) = stack.last_mut() {
+            let succ: Vec<&Edge> = edges.iter().filter(|e| e.from == *node).collect();
+            if *next < succ.len() {
+                let e = succ[*next];
+                *next += 1;
+                match colour[e.to] {
+                    0 => {
+                        colour[e.to] = 1;
+                        stack.push((e.to, 0));
+                        path.push(e.to);
+                    }
+                    1 => {
+                        let start = path.iter().position(|&x| x == e.to).unwrap();
+                        let mut names: Vec<String> = path[start..]
+                            .iter()
+                            .map(|&i| nodes[i].id.to_string())
+                            .collect();
+                        names.push(nodes[e.to].id.to_string());
+                        return Err(JobError {
+                            file: cx.file.to_path_buf(),
+                            line: Some(e.line),
+                            message: format!(
+                                "the inputs form a cycle {}; this version of Weir runs acyclic jobs only",
+                                names.join(" -> ")
+                            ),
+                        });
+                    }
+                    _ => {}
+                }
+            } else {
+                colour[*node] = 2;
+                stack.pop();
+                path.pop();
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! Job files: the TOML schema, validation into a graph, binding to components.
+
+pub mod bind;
+mod load;
+pub mod spec;
+
+pub use load::{JobError, MAX_KEY_GROUPS, load, parse};

@@ -1,0 +1,145 @@
+//! The job file as written (TOML), before validation. Unknown fields are errors, so a typo
+//! never silently falls back to a default.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A whole job file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// `[job]`
+    pub job: JobSection,
+    /// `[checkpoint]`
+    #[serde(default)]
+    pub checkpoint: Option<toml::Value>,
+    /// `[[source]]`
+    #[serde(default)]
+    pub source: Vec<SourceSpec>,
+    /// `[[operator]]`
+    #[serde(default)]
+    pub operator: Vec<OperatorSpec>,
+    /// `[[sink]]`
+    #[serde(default)]
+    pub sink: Vec<SinkSpec>,
+}
+
+/// `[job]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// Job name (checkpoint directories and logs use it).
+    pub name: Spanned<String>,
+    /// Number of key groups; the upper bound of any keyed operator's parallelism.
+    #[serde(default = "default_max_parallelism")]
+    pub max_parallelism: Spanned<u32>,
+    /// Default parallelism of nodes that do not set one.
+    #[serde(default)]
+    pub parallelism: Option<Spanned<u32>>,
+    /// Records per batch on channels and across the WASM boundary.
+    #[serde(default)]
+    pub batch_size: Option<Spanned<u32>>,
+    /// Batches buffered per channel before the sender blocks.
+    #[serde(default)]
+    pub channel_capacity: Option<Spanned<u32>>,
+}
+
+fn default_max_parallelism() -> Spanned<u32> {
+    Spanned::new(0..0, 128)
+}
+
+/// `[[source]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    /// Unique node id.
+    pub id: Spanned<String>,
+    /// `file` or `generator`.
+    #[serde(rename = "type")]
+    pub kind: Spanned<String>,
+    /// Parallel instances.
+    #[serde(default)]
+    pub parallelism: Option<Spanned<u32>>,
+    /// file: path of the input, relative to the job file.
+    #[serde(default)]
+    pub path: Option<Spanned<String>>,
+    /// file: use this 0-based comma-separated column as the record key.
+    #[serde(default)]
+    pub key_column: Option<Spanned<u32>>,
+    /// generator: number of records.
+    #[serde(default)]
+    pub count: Option<Spanned<u64>>,
+    /// generator: number of distinct keys (record i has key i mod keys).
+    #[serde(default)]
+    pub keys: Option<Spanned<u64>>,
+    /// generator: value = this many pseudo-random bytes instead of the sequence number.
+    #[serde(default)]
+    pub value_bytes: Option<Spanned<u32>>,
+    /// generator: records per second per subtask (unlimited when absent).
+    #[serde(default)]
+    pub rate: Option<Spanned<u64>>,
+    /// generator: seed of the value bytes.
+    #[serde(default)]
+    pub seed: Option<Spanned<u64>>,
+}
+
+/// `[[operator]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorSpec {
+    /// Unique node id: the operator's uid.
+    pub id: Spanned<String>,
+    /// Path of the `.wasm` component, relative to the job file.
+    pub component: Spanned<String>,
+    /// Parallel instances.
+    #[serde(default)]
+    pub parallelism: Option<Spanned<u32>>,
+    /// Where records come from.
+    #[serde(default)]
+    pub inputs: Vec<InputSpec>,
+    /// Handed to the operator's `open` as strings.
+    #[serde(default)]
+    pub config: BTreeMap<String, toml::Value>,
+}
+
+/// `[[sink]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSpec {
+    /// Unique node id.
+    pub id: Spanned<String>,
+    /// `file`, `stdout` or `blackhole`.
+    #[serde(rename = "type")]
+    pub kind: Spanned<String>,
+    /// Parallel instances.
+    #[serde(default)]
+    pub parallelism: Option<Spanned<u32>>,
+    /// file: output directory, relative to the job file.
+    #[serde(default)]
+    pub path: Option<Spanned<String>>,
+    /// `value` (default): one line per record value; `key_value`: `<key> <value>`.
+    #[serde(default)]
+    pub format: Option<Spanned<String>>,
+    /// Where records come from.
+    #[serde(default)]
+    pub inputs: Vec<InputSpec>,
+}
+
+/// One input of an operator or sink.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    /// Upstream node id.
+    pub from: Spanned<String>,
+    /// `forward`, `hash`, `broadcast` or `rebalance`.
+    #[serde(default)]
+    pub partition: Option<Spanned<String>>,
+    /// For two-input operators: `left` or `right`.
+    #[serde(default)]
+    pub side: Option<Spanned<String>>,
+    /// A side output of the upstream operator instead of its main output.
+    #[serde(default)]
+    pub output: Option<Spanned<String>>,
+}

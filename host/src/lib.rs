@@ -1,0 +1,25 @@
+//! # Weir host
+//!
+//! Runs dataflow jobs whose operators are sandboxed WebAssembly components.
+//!
+//! Layers, dependencies pointing down:
+//! - [`job`]: the job file, validated into a [`graph::logical::JobGraph`], then bound to
+//!   its components;
+//! - [`graph`], [`keygroup`], [`record`]: the pure model (nodes, edges, partitioning,
+//!   key groups, record framing);
+//! - [`runtime`]: subtasks on threads, bounded channels, input selection, output routing;
+//! - [`sandbox`]: wasmtime, the WIT bindings, host imports, operator instances;
+//! - [`connectors`]: host-native sources and sinks.
+//!
+//! See `ARCHITECTURE.md` at the repository root for the map.
+
+#![deny(missing_docs)]
+
+pub mod connectors;
+pub mod graph;
+pub mod ids;
+pub mod job;
+pub mod keygroup;
+pub mod record;
+pub mod runtime;
+pub mod sandbox;

@@ -1,0 +1,231 @@
+//! Batches of records in the flat framing of `wit/operator.wit`: the same bytes travel
+//! through channels and across the WASM boundary, so routing a batch into a guest is one
+//! copy and no per-record allocation.
+//!
+//! Invariant: a [`Batch`] always holds well-formed records (`push` writes them, guest
+//! output is checked by [`validate`] before it becomes a batch).
+
+use thiserror::Error;
+
+/// Tag of a record that did not arrive through a key partitioner.
+pub const NO_KEY_GROUP: u32 = u32::MAX;
+
+/// Bytes of the per-record header: u32 tag, i64 timestamp, u32 key length, u32 value length.
+pub const HEADER_LEN: usize = 20;
+
+/// One record, borrowed from a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordRef<'a> {
+    /// Key group (input side) or output port (guest output).
+    pub tag: u32,
+    /// Event time, milliseconds.
+    pub timestamp: i64,
+    /// Key bytes.
+    pub key: &'a [u8],
+    /// Value bytes.
+    pub value: &'a [u8],
+}
+
+/// A batch of records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    buf: Vec<u8>,
+    len: u32,
+}
+
+impl Batch {
+    /// An empty batch with room for `bytes`.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Batch {
+            buf: Vec::with_capacity(bytes),
+            len: 0,
+        }
+    }
+
+    /// Appends a record.
+    #[inline]
+    pub fn push(&mut self, tag: u32, timestamp: i64, key: &[u8], value: &[u8]) {
+        let b = &mut self.buf;
+        b.reserve(HEADER_LEN + key.len() + value.len());
+        b.extend_from_slice(&tag.to_le_bytes());
+        b.extend_from_slice(&timestamp.to_le_bytes());
+        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(value);
+        self.len += 1;
+    }
+
+    /// Number of records.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// No records.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Encoded size.
+    #[inline]
+    pub fn byte_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The encoded records.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Wraps bytes already checked by [`validate`].
+    pub fn from_validated(buf: Vec<u8>, len: u32) -> Self {
+        Batch { buf, len }
+    }
+
+    /// Iterates over the records.
+    #[inline]
+    pub fn iter(&self) -> Records<'_> {
+        Records { buf: &self.buf }
+    }
+
+    /// Empties the batch, keeping its allocation.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.len = 0;
+    }
+
+    /// Takes the contents, leaving an empty batch with the same capacity hint.
+    pub fn take(&mut self) -> Batch {
+        let cap = self.buf.capacity();
+        std::mem::replace(self, Batch::with_capacity(cap))
+    }
+}
+
+/// Iterator over well-formed records.
+pub struct Records<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = RecordRef<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<RecordRef<'a>> {
+        let (rec, rest) = split_record(self.buf).ok()??;
+        self.buf = rest;
+        Some(rec)
+    }
+}
+
+/// A malformed batch (from a guest).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FramingError {
+    /// Fewer than 20 bytes where a header should be.
+    #[error("truncated record header at byte {offset}")]
+    TruncatedHeader {
+        /// Where the record starts.
+        offset: usize,
+    },
+    /// Key and value lengths run past the end.
+    #[error("record at byte {offset} claims {claimed} bytes but only {available} remain")]
+    TruncatedBody {
+        /// Where the record starts.
+        offset: usize,
+        /// Bytes the header claims.
+        claimed: usize,
+        /// Bytes left.
+        available: usize,
+    },
+}
+
+/// A record and the bytes after it; or (bytes claimed, bytes available) when truncated.
+type Split<'a> = Result<Option<(RecordRef<'a>, &'a [u8])>, (usize, usize)>;
+
+#[inline]
+fn split_record(buf: &[u8]) -> Split<'_> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    if buf.len() < HEADER_LEN {
+        return Err((HEADER_LEN, buf.len()));
+    }
+    let tag = u32::from_le_bytes(buf[0..4].try_into().unwrap());
+    let timestamp = i64::from_le_bytes(buf[4..12].try_into().unwrap());
+    let klen = u32::from_le_bytes(buf[12..16].try_into().unwrap()) as usize;
+    let vlen = u32::from_le_bytes(buf[16..20].try_into().unwrap()) as usize;
+    let total = HEADER_LEN + klen + vlen;
+    if total > buf.len() {
+        return Err((total, buf.len()));
+    }
+    let key = &buf[HEADER_LEN..HEADER_LEN + klen];
+    let value = &buf[HEADER_LEN + klen..total];
+    Ok(Some((
+        RecordRef {
+            tag,
+            timestamp,
+            key,
+            value,
+        },
+        &buf[total..],
+    )))
+}
+
+/// Checks that `buf` is a sequence of well-formed records; returns how many.
+pub fn validate(buf: &[u8]) -> Result<u32, FramingError> {
+    let mut rest = buf;
+    let mut n = 0u32;
+    loop {
+        let offset = buf.len() - rest.len();
+        match split_record(rest) {
+            Ok(None) => return Ok(n),
+            Ok(Some((_, r))) => {
+                rest = r;
+                n += 1;
+            }
+            Err((claimed, available)) if available < HEADER_LEN && claimed == HEADER_LEN => {
+                return Err(FramingError::TruncatedHeader { offset });
+            }
+            Err((claimed, available)) => {
+                return Err(FramingError::TruncatedBody {
+                    offset,
+                    claimed,
+                    available,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn batches_round_trip(recs in proptest::collection::vec(
+            (any::<u32>(), any::<i64>(), proptest::collection::vec(any::<u8>(), 0..40),
+             proptest::collection::vec(any::<u8>(), 0..80)), 0..50)) {
+            let mut b = Batch::default();
+            for (t, ts, k, v) in &recs {
+                b.push(*t, *ts, k, v);
+            }
+            prop_assert_eq!(validate(b.as_bytes()), Ok(recs.len() as u32));
+            let back: Vec<_> = b.iter().map(|r| (r.tag, r.timestamp, r.key.to_vec(), r.value.to_vec())).collect();
+            prop_assert_eq!(back, recs);
+        }
+
+        #[test]
+        fn every_truncation_is_rejected(k in proptest::collection::vec(any::<u8>(), 0..20),
+                                        v in proptest::collection::vec(any::<u8>(), 0..20),
+                                        cut_seed in any::<usize>()) {
+            let mut b = Batch::default();
+            b.push(1, 2, &k, &v);
+            let cut = 1 + cut_seed % (b.byte_len() - 1);
+            prop_assert!(validate(&b.as_bytes()[..cut]).is_err());
+        }
+    }
+}

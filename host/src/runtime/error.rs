@@ -1,0 +1,86 @@
+//! Why a subtask or a job stopped. Failures are wrapped with the subtask's identity once,
+//! at the task boundary.
+
+use thiserror::Error;
+
+use crate::ids::TaskId;
+use crate::job::JobError;
+use crate::sandbox::instance::{GuestError, LoadError};
+
+/// Why a subtask failed.
+#[derive(Debug, Error)]
+pub enum TaskFailure {
+    /// The guest trapped or returned an error.
+    #[error("subtask {task}: {source}")]
+    Guest {
+        /// The subtask.
+        task: TaskId,
+        /// What the guest did.
+        source: GuestError,
+    },
+    /// A source or sink failed (I/O, bad input).
+    #[error("subtask {task}: {message}")]
+    Connector {
+        /// The subtask.
+        task: TaskId,
+        /// What failed.
+        message: String,
+    },
+    /// A neighbour stopped: a consequence of another failure, not a cause.
+    #[error("subtask {task}: a neighbouring subtask stopped")]
+    Disconnected {
+        /// The subtask.
+        task: TaskId,
+    },
+    /// The job was cancelled.
+    #[error("subtask {task}: cancelled")]
+    Cancelled {
+        /// The subtask.
+        task: TaskId,
+    },
+    /// The subtask's thread panicked (a host bug).
+    #[error("subtask {task}: internal error (thread panicked: {message})")]
+    Panicked {
+        /// The subtask.
+        task: TaskId,
+        /// Panic payload.
+        message: String,
+    },
+}
+
+impl TaskFailure {
+    /// A consequence of another failure rather than a root cause.
+    pub fn is_secondary(&self) -> bool {
+        matches!(
+            self,
+            TaskFailure::Disconnected { .. } | TaskFailure::Cancelled { .. }
+        )
+    }
+}
+
+/// Why a job could not run or stopped.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// The job file is invalid for its components.
+    #[error(transparent)]
+    Job(#[from] JobError),
+    /// A component cannot be used.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A subtask failed.
+    #[error("job `{job}` failed: {cause}")]
+    Failed {
+        /// Job name.
+        job: String,
+        /// The root cause.
+        cause: TaskFailure,
+    },
+    /// Setting up the job failed (e.g. the sink directory).
+    #[error("job `{job}`: {message}")]
+    Setup {
+        /// Job name.
+        job: String,
+        /// What failed.
+        message: String,
+    },
+}

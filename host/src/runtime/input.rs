@@ -1,0 +1,141 @@
+//! The input side of a subtask: several channels (one per upstream subtask and edge), read
+//! with a select over the channels still open, and the subtask's watermark as the minimum
+//! over its inputs.
+//!
+//! Invariant: a channel is read in FIFO order; a finished channel counts as watermark +inf.
+
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Select};
+
+use crate::graph::logical::Side;
+use crate::runtime::message::Message;
+
+/// One input channel.
+pub struct InputChannel {
+    /// Messages from one upstream subtask.
+    pub rx: Receiver<Message>,
+    /// Which input of a two-input operator it feeds.
+    pub side: Side,
+    watermark: i64,
+    done: bool,
+}
+
+impl InputChannel {
+    /// Wraps a receiver.
+    pub fn new(rx: Receiver<Message>, side: Side) -> Self {
+        InputChannel {
+            rx,
+            side,
+            watermark: i64::MIN,
+            done: false,
+        }
+    }
+}
+
+/// What reading the inputs produced.
+pub enum Received {
+    /// A message from input `index`.
+    Message(usize, Message),
+    /// An upstream dropped its channel without end of stream: it failed.
+    Disconnected,
+    /// Nothing arrived within the timeout.
+    Idle,
+    /// Every input has ended.
+    AllDone,
+}
+
+/// All inputs of a subtask.
+pub struct Inputs {
+    channels: Vec<InputChannel>,
+    watermark: i64,
+}
+
+impl Inputs {
+    /// Reads `channels`.
+    pub fn new(channels: Vec<InputChannel>) -> Self {
+        Inputs {
+            channels,
+            watermark: i64::MIN,
+        }
+    }
+
+    /// The side of input `index`.
+    pub fn side(&self, index: usize) -> Side {
+        self.channels[index].side
+    }
+
+    /// The next message: without waiting if `wait` is `None`, else up to `wait`.
+    pub fn recv(&mut self, wait: Option<Duration>) -> Received {
+        let open: Vec<usize> = (0..self.channels.len())
+            .filter(|&i| !self.channels[i].done)
+            .collect();
+        if open.is_empty() {
+            return Received::AllDone;
+        }
+        let mut sel = Select::new();
+        for &i in &open {
+            sel.recv(&self.channels[i].rx);
+        }
+        let op = match wait {
+            None => sel.try_select().ok(),
+            Some(t) => sel.select_timeout(t).ok(),
+        };
+        let Some(op) = op else { return Received::Idle };
+        let i = open[op.index()];
+        match op.recv(&self.channels[i].rx) {
+            Ok(m) => Received::Message(i, m),
+            Err(_) => Received::Disconnected,
+        }
+    }
+
+    /// Records end of stream on input `index`.
+    pub fn finish(&mut self, index: usize) {
+        self.channels[index].done = true;
+    }
+
+    /// Records a watermark on input `index`; returns the subtask's new watermark if it
+    /// advanced.
+    pub fn on_watermark(&mut self, index: usize, watermark: i64) -> Option<i64> {
+        let c = &mut self.channels[index];
+        c.watermark = c.watermark.max(watermark);
+        self.advance()
+    }
+
+    /// Recomputes the subtask watermark (after a watermark or an end of stream).
+    pub fn advance(&mut self) -> Option<i64> {
+        let wm = self
+            .channels
+            .iter()
+            .map(|c| if c.done { i64::MAX } else { c.watermark })
+            .min()
+            .unwrap_or(i64::MAX);
+        (wm > self.watermark).then(|| {
+            self.watermark = wm;
+            wm
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermark_is_the_minimum_and_finished_inputs_do_not_hold_it_back() {
+        let (_t1, r1) = crossbeam_channel::bounded(1);
+        let (_t2, r2) = crossbeam_channel::bounded(1);
+        let mut inputs = Inputs::new(vec![
+            InputChannel::new(r1, Side::Left),
+            InputChannel::new(r2, Side::Left),
+        ]);
+        assert_eq!(inputs.on_watermark(0, 10), None, "input 1 is still at -inf");
+        assert_eq!(inputs.on_watermark(1, 5), Some(5));
+        assert_eq!(inputs.on_watermark(1, 20), Some(10));
+        assert_eq!(inputs.on_watermark(1, 3), None, "watermarks never go back");
+        inputs.finish(0);
+        assert_eq!(inputs.advance(), Some(20));
+        inputs.finish(1);
+        assert_eq!(inputs.advance(), Some(i64::MAX));
+    }
+}

@@ -1,0 +1,33 @@
+//! Per-node record counters, updated once per batch (relaxed atomics) and read by the
+//! progress reporter.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of one node (all its subtasks).
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    /// Records received.
+    pub records_in: AtomicU64,
+    /// Records emitted.
+    pub records_out: AtomicU64,
+}
+
+impl NodeMetrics {
+    /// Adds to `records_in`.
+    #[inline]
+    pub fn add_in(&self, n: u64) {
+        self.records_in.fetch_add(n, Ordering::Relaxed);
+    }
+    /// Adds to `records_out`.
+    #[inline]
+    pub fn add_out(&self, n: u64) {
+        self.records_out.fetch_add(n, Ordering::Relaxed);
+    }
+    /// (in, out).
+    pub fn read(&self) -> (u64, u64) {
+        (
+            self.records_in.load(Ordering::Relaxed),
+            self.records_out.load(Ordering::Relaxed),
+        )
+    }
+}

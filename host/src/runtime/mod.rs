@@ -1,0 +1,11 @@
+//! Executing a job: subtasks on threads connected by bounded channels carrying batches.
+
+pub mod error;
+pub mod executor;
+pub mod input;
+pub mod message;
+pub mod metrics;
+pub mod output;
+pub mod sink;
+pub mod source;
+pub mod task;

@@ -1,0 +1,144 @@
+//! The output side of a subtask: partitions records into per-channel batch builders and
+//! sends full batches downstream, blocking when a channel is full (backpressure).
+//!
+//! Invariants: records keep their order per (edge, target); control messages (watermarks,
+//! end of stream) are sent only after every pending batch is flushed, so they never
+//! overtake data.
+
+use crossbeam_channel::Sender;
+
+use crate::graph::partition::{Partition, Selector, Target};
+use crate::record::{Batch, RecordRef};
+use crate::runtime::message::Message;
+
+/// The downstream side is gone (its task stopped): the job is being torn down.
+#[derive(Debug)]
+pub struct Disconnected;
+
+/// One outgoing edge of a subtask.
+pub struct EdgeOutput {
+    port: u32,
+    selector: Selector,
+    targets: Vec<Sender<Message>>,
+    pending: Vec<Batch>,
+}
+
+impl EdgeOutput {
+    /// An edge carrying the records emitted on `port` to `targets`.
+    pub fn new(
+        port: u32,
+        partition: Partition,
+        targets: Vec<Sender<Message>>,
+        max_parallelism: u32,
+        start: usize,
+    ) -> Self {
+        let pending = (0..targets.len())
+            .map(|_| Batch::with_capacity(16 * 1024))
+            .collect();
+        let selector = Selector::new(partition, targets.len(), max_parallelism, start);
+        EdgeOutput {
+            port,
+            selector,
+            targets,
+            pending,
+        }
+    }
+}
+
+/// All outgoing edges of a subtask.
+pub struct Output {
+    edges: Vec<EdgeOutput>,
+    batch_records: u32,
+    batch_bytes: usize,
+    /// Records emitted (counted per record, not per copy).
+    pub records_out: u64,
+}
+
+impl Output {
+    /// Sends batches once they reach `batch_records` records or `batch_bytes` bytes.
+    pub fn new(edges: Vec<EdgeOutput>, batch_records: u32, batch_bytes: usize) -> Self {
+        Output {
+            edges,
+            batch_records,
+            batch_bytes,
+            records_out: 0,
+        }
+    }
+
+    /// Routes one record emitted on port `rec.tag`.
+    #[inline]
+    pub fn emit(&mut self, rec: RecordRef<'_>) -> Result<(), Disconnected> {
+        self.records_out += 1;
+        let (limit_n, limit_b) = (self.batch_records, self.batch_bytes);
+        for e in &mut self.edges {
+            if e.port != rec.tag {
+                continue;
+            }
+            match e.selector.select(rec.key) {
+                Target::One { index, tag } => {
+                    let b = &mut e.pending[index];
+                    b.push(tag, rec.timestamp, rec.key, rec.value);
+                    if b.len() >= limit_n || b.byte_len() >= limit_b {
+                        e.targets[index]
+                            .send(Message::Data(b.take()))
+                            .map_err(|_| Disconnected)?;
+                    }
+                }
+                Target::All => {
+                    for (i, b) in e.pending.iter_mut().enumerate() {
+                        b.push(
+                            crate::record::NO_KEY_GROUP,
+                            rec.timestamp,
+                            rec.key,
+                            rec.value,
+                        );
+                        if b.len() >= limit_n || b.byte_len() >= limit_b {
+                            e.targets[i]
+                                .send(Message::Data(b.take()))
+                                .map_err(|_| Disconnected)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Routes every record of a batch.
+    pub fn emit_batch(&mut self, batch: &Batch) -> Result<(), Disconnected> {
+        for r in batch.iter() {
+            self.emit(r)?;
+        }
+        Ok(())
+    }
+
+    /// Sends every non-empty pending batch.
+    pub fn flush(&mut self) -> Result<(), Disconnected> {
+        for e in &mut self.edges {
+            for (i, b) in e.pending.iter_mut().enumerate() {
+                if !b.is_empty() {
+                    e.targets[i]
+                        .send(Message::Data(b.take()))
+                        .map_err(|_| Disconnected)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes, then sends a copy of `make()` on every channel.
+    pub fn broadcast(&mut self, make: impl Fn() -> Message) -> Result<(), Disconnected> {
+        self.flush()?;
+        for e in &self.edges {
+            for t in &e.targets {
+                t.send(make()).map_err(|_| Disconnected)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// No outgoing edges (a sink).
+    pub fn is_empty(&self) -> bool {
+        self.edges.is_empty()
+    }
+}

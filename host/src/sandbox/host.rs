@@ -1,0 +1,182 @@
+//! The host side of the WIT imports: what a guest may call, and the checks on every call.
+//!
+//! Invariant: a guest-supplied size, key group or output port is validated before any work;
+//! a violation traps the guest (a `wasmtime::Error`), never panics the host.
+
+use crate::record;
+use crate::sandbox::bindings::{collector, context, logging, timers, types};
+use crate::sandbox::timers::TimerQueue;
+
+/// Per-instance host state (the `T` of `Store<T>`).
+pub struct HostState {
+    /// Who this instance is.
+    pub task: types::TaskInfo,
+    /// `job/operator#subtask`, for log lines.
+    pub label: String,
+    /// Current watermark of the subtask.
+    pub watermark: i64,
+    /// Records emitted during the current export call (framed, tag = output port).
+    pub emitted: Vec<u8>,
+    /// How many records `emitted` holds.
+    pub emitted_records: u32,
+    /// Highest valid output port (number of side outputs).
+    pub max_port: u32,
+    /// Upper bound of bytes emitted per export call.
+    pub max_emit_bytes: usize,
+    /// Event-time timers.
+    pub event_timers: TimerQueue,
+    /// Processing-time timers.
+    pub processing_timers: TimerQueue,
+    /// The last error-level log line (a panicking Rust guest logs its panic message here).
+    pub last_error: Option<String>,
+    /// Print guest log lines to stderr.
+    pub echo_logs: bool,
+}
+
+impl HostState {
+    /// State for the subtask described by `task`.
+    pub fn new(task: types::TaskInfo, max_port: u32) -> Self {
+        let label = format!(
+            "{}/{}#{}",
+            task.job_name, task.operator_uid, task.subtask_index
+        );
+        HostState {
+            task,
+            label,
+            watermark: i64::MIN,
+            emitted: Vec::new(),
+            emitted_records: 0,
+            max_port,
+            max_emit_bytes: 256 << 20,
+            event_timers: TimerQueue::default(),
+            processing_timers: TimerQueue::default(),
+            last_error: None,
+            echo_logs: true,
+        }
+    }
+
+    fn check_key_group(&self, key_group: u32) -> wasmtime::Result<()> {
+        if key_group < self.task.key_group_start || key_group >= self.task.key_group_end {
+            wasmtime::bail!(
+                "{}: timer for key group {key_group}, outside this subtask's key groups [{}, {})",
+                self.label,
+                self.task.key_group_start,
+                self.task.key_group_end
+            );
+        }
+        Ok(())
+    }
+}
+
+impl types::Host for HostState {}
+
+impl context::Host for HostState {
+    fn task(&mut self) -> wasmtime::Result<types::TaskInfo> {
+        Ok(self.task.clone())
+    }
+
+    fn current_watermark(&mut self) -> wasmtime::Result<i64> {
+        Ok(self.watermark)
+    }
+}
+
+impl collector::Host for HostState {
+    fn emit_batch(&mut self, batch: Vec<u8>) -> wasmtime::Result<()> {
+        if self.emitted.len() + batch.len() > self.max_emit_bytes {
+            wasmtime::bail!(
+                "{}: emitted more than {} bytes in one call (limit max_emit_bytes)",
+                self.label,
+                self.max_emit_bytes
+            );
+        }
+        let n = record::validate(&batch)
+            .map_err(|e| wasmtime::format_err!("{}: malformed emit-batch: {e}", self.label))?;
+        // Check ports: 0 = main, 1..=max_port side outputs.
+        let mut rest = &batch[..];
+        while !rest.is_empty() {
+            let tag = u32::from_le_bytes(rest[0..4].try_into().unwrap());
+            if tag > self.max_port {
+                wasmtime::bail!(
+                    "{}: emitted on output port {tag}, but the operator declares {} side output(s)",
+                    self.label,
+                    self.max_port
+                );
+            }
+            let klen = u32::from_le_bytes(rest[12..16].try_into().unwrap()) as usize;
+            let vlen = u32::from_le_bytes(rest[16..20].try_into().unwrap()) as usize;
+            rest = &rest[record::HEADER_LEN + klen + vlen..];
+        }
+        if self.emitted.is_empty() {
+            self.emitted = batch;
+        } else {
+            self.emitted.extend_from_slice(&batch);
+        }
+        self.emitted_records += n;
+        Ok(())
+    }
+}
+
+impl timers::Host for HostState {
+    fn register(
+        &mut self,
+        domain: types::TimeDomain,
+        key_group: u32,
+        key: Vec<u8>,
+        time: i64,
+    ) -> wasmtime::Result<()> {
+        self.check_key_group(key_group)?;
+        match domain {
+            types::TimeDomain::EventTime => self.event_timers.register(time, key_group, &key),
+            types::TimeDomain::ProcessingTime => {
+                self.processing_timers.register(time, key_group, &key)
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(
+        &mut self,
+        domain: types::TimeDomain,
+        key_group: u32,
+        key: Vec<u8>,
+        time: i64,
+    ) -> wasmtime::Result<()> {
+        self.check_key_group(key_group)?;
+        match domain {
+            types::TimeDomain::EventTime => self.event_timers.delete(time, key_group, &key),
+            types::TimeDomain::ProcessingTime => {
+                self.processing_timers.delete(time, key_group, &key)
+            }
+        }
+        Ok(())
+    }
+}
+
+impl logging::Host for HostState {
+    fn log(&mut self, level: logging::Level, message: String) -> wasmtime::Result<()> {
+        const MAX: usize = 4096;
+        let message = if message.len() > MAX {
+            let mut end = MAX;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}... ({} bytes)", &message[..end], message.len())
+        } else {
+            message
+        };
+        let lvl = match level {
+            logging::Level::Trace => "trace",
+            logging::Level::Debug => "debug",
+            logging::Level::Info => "info",
+            logging::Level::Warn => "warn",
+            logging::Level::Error => "error",
+        };
+        if self.echo_logs {
+            eprintln!("[{}] {lvl}: {message}", self.label);
+        }
+        if matches!(level, logging::Level::Error) {
+            self.last_error = Some(message);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,426 @@
+//! Operator components: compiled and checked once per job ([`LoadedComponent`]),
+//! instantiated per subtask from an `InstancePre` ([`OperatorInstance`]).
+//!
+//! Invariants: a component is accepted only if it imports nothing but Weir's interfaces and
+//! implements the `operator` or `co-operator` world; after a trap an instance is never
+//! called again (wasmtime poisons it; the subtask fails and is restarted from state).
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Engine, Store};
+
+use crate::graph::logical::Side;
+use crate::record::Batch;
+use crate::sandbox::bindings::{one, two, types};
+use crate::sandbox::host::HostState;
+
+/// A component that cannot be used.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// Unreadable file.
+    #[error("operator `{uid}`: cannot read component {}: {source}", path.display())]
+    Read {
+        /// Operator uid.
+        uid: String,
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Not a component at all.
+    #[error("operator `{uid}`: {} is not a WebAssembly component: {reason}", path.display())]
+    NotAComponent {
+        /// Operator uid.
+        uid: String,
+        /// File.
+        path: PathBuf,
+        /// What was found instead.
+        reason: String,
+    },
+    /// Imports Weir does not grant.
+    #[error(
+        "operator `{uid}`: component {} imports {imports}, which Weir does not provide; operators may import only \
+         weir:operator/{{context,collector,timers,logging}}@0.1.0 (build Rust guests for wasm32-unknown-unknown, \
+         not wasip2, so that std adds no WASI imports)",
+        path.display()
+    )]
+    UngrantedImports {
+        /// Operator uid.
+        uid: String,
+        /// File.
+        path: PathBuf,
+        /// The offending imports.
+        imports: String,
+    },
+    /// Exports do not match a world.
+    #[error(
+        "operator `{uid}`: component {} implements neither world `operator` nor `co-operator` of \
+         weir:operator@0.1.0 (as `operator`: {one}; as `co-operator`: {two}); rebuild it against wit/operator.wit",
+        path.display()
+    )]
+    WrongWorld {
+        /// Operator uid.
+        uid: String,
+        /// File.
+        path: PathBuf,
+        /// Mismatch as a one-input operator.
+        one: String,
+        /// Mismatch as a two-input operator.
+        two: String,
+    },
+    /// `describe` failed.
+    #[error("operator `{uid}`: component {} failed in `describe`: {reason}", path.display())]
+    Describe {
+        /// Operator uid.
+        uid: String,
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        reason: String,
+    },
+}
+
+/// A failure inside a guest call.
+#[derive(Debug, Error)]
+pub enum GuestError {
+    /// The guest trapped (bug, panic, limit); the instance is dead.
+    #[error("guest trapped in `{call}`: {message}{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Trap {
+        /// Export being called.
+        call: &'static str,
+        /// The trap.
+        message: String,
+        /// The guest's last error log line (e.g. its panic message).
+        detail: Option<String>,
+    },
+    /// The guest returned an error.
+    #[error("operator returned an error from `{call}`: {message}")]
+    Failed {
+        /// Export being called.
+        call: &'static str,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// What the component declares (`describe`), in host types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorInfo {
+    /// Name.
+    pub name: String,
+    /// Semantic version.
+    pub version: String,
+    /// State schema version.
+    pub schema_version: u32,
+    /// Migratable older schema versions.
+    pub migrates_from: Vec<u32>,
+    /// Declared state: (name, kind, keyed).
+    pub states: Vec<(String, types::StateKind, bool)>,
+    /// Side output names.
+    pub side_outputs: Vec<String>,
+    /// Implements `co-operator`.
+    pub two_input: bool,
+}
+
+impl OperatorInfo {
+    /// Declares any keyed state.
+    pub fn has_keyed_state(&self) -> bool {
+        self.states.iter().any(|s| s.2)
+    }
+}
+
+enum Pre {
+    One(one::OperatorPre<HostState>),
+    Two(two::CoOperatorPre<HostState>),
+}
+
+/// A compiled, checked component, ready to instantiate per subtask.
+pub struct LoadedComponent {
+    pre: Pre,
+    engine: Engine,
+    /// What it declares.
+    pub info: OperatorInfo,
+    /// Where it came from.
+    pub path: PathBuf,
+}
+
+fn classify(bytes: &[u8]) -> Result<(), String> {
+    match bytes {
+        [0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00, ..] => Ok(()),
+        [0, b'a', b's', b'm', 0x01, 0x00, 0x00, 0x00, ..] => Err(
+            "it is a core WebAssembly module; turn it into a component (Rust: build for wasm32-unknown-unknown \
+             with wasm-component-ld as the linker; C: `wasm-tools component new`)"
+                .into(),
+        ),
+        [0, b'a', b's', b'm', ..] => Err("unsupported WebAssembly binary version".into()),
+        _ => Err("the file does not start with the WebAssembly magic bytes".into()),
+    }
+}
+
+fn linker(engine: &Engine) -> Linker<HostState> {
+    let mut l = Linker::new(engine);
+    // `two`'s world reuses `one`'s interfaces, so one registration serves both worlds.
+    one::Operator::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+        &mut l,
+        |s| s,
+    )
+    .expect("registering Weir's host interfaces cannot fail");
+    l
+}
+
+impl LoadedComponent {
+    /// Compiles and checks the component at `path` for operator `uid`.
+    pub fn load(engine: &Engine, uid: &str, path: &Path) -> Result<Self, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            uid: uid.into(),
+            path: path.into(),
+            source,
+        })?;
+        Self::from_bytes(engine, uid, path, &bytes)
+    }
+
+    /// Compiles and checks component `bytes` (reported as `path`).
+    pub fn from_bytes(
+        engine: &Engine,
+        uid: &str,
+        path: &Path,
+        bytes: &[u8],
+    ) -> Result<Self, LoadError> {
+        let not = |reason: String| LoadError::NotAComponent {
+            uid: uid.into(),
+            path: path.into(),
+            reason,
+        };
+        classify(bytes).map_err(not)?;
+        let component = Component::new(engine, bytes).map_err(|e| not(format!("{e:#}")))?;
+        let granted = [
+            "weir:operator/types@0.1.0",
+            "weir:operator/context@0.1.0",
+            "weir:operator/collector@0.1.0",
+            "weir:operator/timers@0.1.0",
+            "weir:operator/logging@0.1.0",
+        ];
+        let ungranted: Vec<String> = component
+            .component_type()
+            .imports(engine)
+            .map(|(name, _)| name.to_string())
+            .filter(|n| !granted.contains(&n.as_str()))
+            .collect();
+        if !ungranted.is_empty() {
+            return Err(LoadError::UngrantedImports {
+                uid: uid.into(),
+                path: path.into(),
+                imports: ungranted.join(", "),
+            });
+        }
+        let linker = linker(engine);
+        let ipre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::WrongWorld {
+                uid: uid.into(),
+                path: path.into(),
+                one: format!("{e:#}"),
+                two: format!("{e:#}"),
+            })?;
+        let pre = match one::OperatorPre::new(ipre.clone()) {
+            Ok(p) => Pre::One(p),
+            Err(e1) => match two::CoOperatorPre::new(ipre) {
+                Ok(p) => Pre::Two(p),
+                Err(e2) => {
+                    return Err(LoadError::WrongWorld {
+                        uid: uid.into(),
+                        path: path.into(),
+                        one: format!("{e1:#}"),
+                        two: format!("{e2:#}"),
+                    });
+                }
+            },
+        };
+        let mut lc = LoadedComponent {
+            pre,
+            engine: engine.clone(),
+            info: OperatorInfo {
+                name: String::new(),
+                version: String::new(),
+                schema_version: 0,
+                migrates_from: vec![],
+                states: vec![],
+                side_outputs: vec![],
+                two_input: false,
+            },
+            path: path.into(),
+        };
+        let task = types::TaskInfo {
+            job_name: String::new(),
+            operator_uid: uid.into(),
+            subtask_index: 0,
+            parallelism: 1,
+            max_parallelism: 1,
+            key_group_start: 0,
+            key_group_end: 1,
+        };
+        let describe_err = |reason: String| LoadError::Describe {
+            uid: uid.into(),
+            path: path.into(),
+            reason,
+        };
+        let mut inst = lc
+            .instantiate(HostState::new(task, 0))
+            .map_err(|e| describe_err(e.to_string()))?;
+        let d = inst.describe().map_err(|e| describe_err(e.to_string()))?;
+        lc.info = OperatorInfo {
+            name: d.name,
+            version: d.version,
+            schema_version: d.state_schema_version,
+            migrates_from: d.migrates_from,
+            states: d
+                .states
+                .into_iter()
+                .map(|s| (s.name, s.kind, s.keyed))
+                .collect(),
+            side_outputs: d.side_outputs,
+            two_input: matches!(lc.pre, Pre::Two(_)),
+        };
+        Ok(lc)
+    }
+
+    /// A fresh instance with `host` as its store data.
+    pub fn instantiate(&self, host: HostState) -> Result<OperatorInstance, GuestError> {
+        let mut store = Store::new(&self.engine, host);
+        let inst = match &self.pre {
+            Pre::One(p) => p.instantiate(&mut store).map(Inst::One),
+            Pre::Two(p) => p.instantiate(&mut store).map(Inst::Two),
+        }
+        .map_err(|e| trap("instantiate", e, None))?;
+        Ok(OperatorInstance { store, inst })
+    }
+}
+
+enum Inst {
+    One(one::Operator),
+    Two(two::CoOperator),
+}
+
+/// A live operator instance of one subtask.
+pub struct OperatorInstance {
+    store: Store<HostState>,
+    inst: Inst,
+}
+
+fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>) -> GuestError {
+    let message = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(t) => format!("wasm trap: {t}"),
+        None => format!("{e:#}"),
+    };
+    GuestError::Trap {
+        call,
+        message: message.lines().next().unwrap_or("").to_string(),
+        detail,
+    }
+}
+
+macro_rules! call {
+    ($self:ident, $name:literal, $method:ident $(, $arg:expr)*) => {{
+        let r = match &$self.inst {
+            Inst::One(b) => b.$method(&mut $self.store $(, $arg)*),
+            Inst::Two(b) => b.$method(&mut $self.store $(, $arg)*),
+        };
+        $self.finish($name, r)
+    }};
+}
+
+impl OperatorInstance {
+    fn finish<T>(&mut self, call: &'static str, r: wasmtime::Result<T>) -> Result<T, GuestError> {
+        r.map_err(|e| trap(call, e, self.store.data_mut().last_error.take()))
+    }
+
+    fn result(call: &'static str, r: Result<(), String>) -> Result<(), GuestError> {
+        r.map_err(|message| GuestError::Failed { call, message })
+    }
+
+    /// The host state (watermark, timers, emitted records).
+    pub fn host(&mut self) -> &mut HostState {
+        self.store.data_mut()
+    }
+
+    /// `describe`.
+    pub fn describe(&mut self) -> Result<types::OperatorInfo, GuestError> {
+        call!(self, "describe", call_describe)
+    }
+
+    /// `open`.
+    pub fn open(&mut self, config: &[(String, String)]) -> Result<(), GuestError> {
+        let r = call!(self, "open", call_open, config)?;
+        Self::result("open", r)
+    }
+
+    /// `process` (one-input) or `process-left`/`process-right` (two-input).
+    pub fn process(&mut self, side: Side, batch: &Batch) -> Result<(), GuestError> {
+        let bytes = batch.as_bytes();
+        let r = match (&self.inst, side) {
+            (Inst::One(b), Side::Left) => b.call_process(&mut self.store, bytes),
+            (Inst::Two(b), Side::Left) => b.call_process_left(&mut self.store, bytes),
+            (Inst::Two(b), Side::Right) => b.call_process_right(&mut self.store, bytes),
+            (Inst::One(_), Side::Right) => {
+                Ok(Err("a one-input operator has no right input".into()))
+            }
+        };
+        let r = self.finish("process", r)?;
+        Self::result("process", r)
+    }
+
+    /// `on-timer`.
+    pub fn on_timer(
+        &mut self,
+        domain: types::TimeDomain,
+        timers: &Batch,
+    ) -> Result<(), GuestError> {
+        let r = call!(self, "on-timer", call_on_timer, domain, timers.as_bytes())?;
+        Self::result("on-timer", r)
+    }
+
+    /// `on-watermark`.
+    pub fn on_watermark(&mut self, watermark: i64) -> Result<(), GuestError> {
+        self.store.data_mut().watermark = watermark;
+        let r = call!(self, "on-watermark", call_on_watermark, watermark)?;
+        Self::result("on-watermark", r)
+    }
+
+    /// `snapshot`.
+    pub fn snapshot(
+        &mut self,
+        checkpoint: u64,
+        mode: types::SnapshotMode,
+    ) -> Result<types::OperatorSnapshot, GuestError> {
+        let r = call!(self, "snapshot", call_snapshot, checkpoint, mode)?;
+        r.map_err(|message| GuestError::Failed {
+            call: "snapshot",
+            message,
+        })
+    }
+
+    /// `restore`.
+    pub fn restore(
+        &mut self,
+        schema_version: u32,
+        state: &types::OperatorSnapshot,
+    ) -> Result<(), GuestError> {
+        let r = call!(self, "restore", call_restore, schema_version, state)?;
+        Self::result("restore", r)
+    }
+
+    /// `close`.
+    pub fn close(&mut self) -> Result<(), GuestError> {
+        let r = call!(self, "close", call_close)?;
+        Self::result("close", r)
+    }
+
+    /// Takes the records emitted since the last call.
+    pub fn take_emitted(&mut self) -> Batch {
+        let h = self.store.data_mut();
+        let n = std::mem::take(&mut h.emitted_records);
+        Batch::from_validated(std::mem::take(&mut h.emitted), n)
+    }
+}

@@ -1,0 +1,7 @@
+//! The WebAssembly sandbox: engine, WIT bindings, host imports, operator instances.
+
+pub mod bindings;
+pub mod engine;
+pub mod host;
+pub mod instance;
+pub mod timers;

@@ -1,0 +1,286 @@
+//! Bad input gets a clear error that names the file, line, object and fix, and a non-zero
+//! exit: malformed job files, invalid graphs, bad components, failing guests.
+
+use std::path::Path;
+
+use crate::support::{component, guests, run_job_in, scratch, toml_path, weir};
+
+/// Writes `job` into a scratch dir, runs `weir validate` on it, expects failure; returns stderr.
+fn validate_fails(job: &str, setup: impl FnOnce(&Path)) -> String {
+    guests();
+    let dir = scratch();
+    setup(dir.path());
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, job).unwrap();
+    let out = weir().arg("validate").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "validate must fail, stderr: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    stderr
+}
+
+fn counter() -> String {
+    toml_path(&component("wordcount_counter"))
+}
+
+fn good_job() -> String {
+    format!(
+        r#"[job]
+name = "j"
+max_parallelism = 8
+
+[[source]]
+id = "gen"
+type = "generator"
+count = 10
+
+[[operator]]
+id = "count"
+component = {}
+parallelism = 2
+inputs = [{{ from = "gen", partition = "hash" }}]
+
+[[sink]]
+id = "out"
+type = "blackhole"
+inputs = [{{ from = "count" }}]
+"#,
+        counter()
+    )
+}
+
+#[test]
+fn good_job_validates() {
+    guests();
+    let dir = scratch();
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, good_job()).unwrap();
+    let out = weir().arg("validate").arg(&path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("wordcount-counter 1.0.0"), "{stdout}");
+}
+
+#[test]
+fn toml_syntax_error_names_the_line() {
+    let e = validate_fails("[job]\nname = \"j\"\n[[source]\nid = 1\n", |_| {});
+    assert!(e.contains("job.toml:3:"), "{e}");
+}
+
+#[test]
+fn misspelled_field_is_an_error_not_a_default() {
+    let job = good_job().replace("parallelism = 2", "paralelism = 2");
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("job.toml:13:") && e.contains("unknown field `paralelism`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_input_id_names_the_line_and_the_known_ids() {
+    let job = good_job().replace("from = \"gen\"", "from = \"gne\"");
+    let e = validate_fails(&job, |_| {});
+    assert!(e.contains("job.toml:14:"), "{e}");
+    assert!(
+        e.contains("unknown id `gne`") && e.contains("known ids: count, gen, out"),
+        "{e}"
+    );
+}
+
+#[test]
+fn duplicate_id_names_both_lines() {
+    let job = good_job().replace("id = \"out\"", "id = \"count\"");
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("job.toml:17:")
+            && e.contains("duplicate id `count`")
+            && e.contains("first defined on line 11"),
+        "{e}"
+    );
+}
+
+#[test]
+fn parallelism_above_max_parallelism_is_refused() {
+    let job = good_job().replace("parallelism = 2", "parallelism = 9");
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("job.toml:13:") && e.contains("greater than the job's max_parallelism 8"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_component_file_says_how_to_build_it() {
+    let job = good_job().replace(&counter(), "\"nope/counter.wasm\"");
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("job.toml:12:")
+            && e.contains("does not exist")
+            && e.contains("cargo build --profile guest"),
+        "{e}"
+    );
+}
+
+#[test]
+fn keyed_operator_without_hash_input_is_refused() {
+    let job = good_job().replace("partition = \"hash\"", "partition = \"rebalance\"");
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("job.toml:14:")
+            && e.contains("keeps keyed state (count)")
+            && e.contains("partition = \"hash\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn cycles_are_named() {
+    let job = format!(
+        "{}\n[[operator]]\nid = \"b\"\ncomponent = {}\ninputs = [{{ from = \"count\", partition = \"hash\" }}]\n",
+        good_job().replace("inputs = [{ from = \"gen\", partition = \"hash\" }]", "inputs = [{ from = \"gen\", partition = \"hash\" }, { from = \"b\", partition = \"hash\" }]"),
+        counter()
+    );
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("cycle") && (e.contains("count -> b -> count") || e.contains("b -> count -> b")),
+        "{e}"
+    );
+}
+
+#[test]
+fn two_input_operator_needs_sides() {
+    let job = format!(
+        "[job]\nname = \"j\"\n[[source]]\nid = \"a\"\ntype = \"generator\"\ncount = 1\n[[source]]\nid = \"b\"\ntype = \"generator\"\ncount = 1\n\
+         [[operator]]\nid = \"join\"\ncomponent = {}\ninputs = [{{ from = \"a\", partition = \"hash\" }}, {{ from = \"b\", partition = \"hash\", side = \"right\" }}]\n\
+         [[sink]]\nid = \"o\"\ntype = \"blackhole\"\ninputs = [{{ from = \"join\" }}]\n",
+        toml_path(&component("enrich_enricher"))
+    );
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("job.toml:14:")
+            && e.contains("two-input operator")
+            && e.contains("side = \"left\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_side_output_lists_the_declared_ones() {
+    let job = format!(
+        "[job]\nname = \"j\"\n[[source]]\nid = \"a\"\ntype = \"generator\"\ncount = 1\n\
+         [[operator]]\nid = \"p\"\ncomponent = {}\ninputs = [{{ from = \"a\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"o\"\ntype = \"blackhole\"\ninputs = [{{ from = \"p\", output = \"late\" }}]\n",
+        toml_path(&component("test_probe"))
+    );
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("no side output `late`") && e.contains("[side, events]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_text_file_is_not_a_component() {
+    let job = good_job().replace(&counter(), "\"bad.wasm\"");
+    let e = validate_fails(&job, |d| {
+        std::fs::write(d.join("bad.wasm"), "hello").unwrap()
+    });
+    assert!(
+        e.contains("operator `count`") && e.contains("bad.wasm") && e.contains("magic bytes"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_core_module_is_not_a_component() {
+    let job = good_job().replace(&counter(), "\"core.wasm\"");
+    let e = validate_fails(&job, |d| {
+        std::fs::write(d.join("core.wasm"), b"\0asm\x01\0\0\0").unwrap()
+    });
+    assert!(
+        e.contains("core WebAssembly module") && e.contains("component"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_truncated_component_is_refused() {
+    let job = good_job().replace(&counter(), "\"cut.wasm\"");
+    let e = validate_fails(&job, |d| {
+        let bytes = std::fs::read(component("wordcount_counter")).unwrap();
+        std::fs::write(d.join("cut.wasm"), &bytes[..bytes.len() / 2]).unwrap()
+    });
+    assert!(
+        e.contains("operator `count`") && e.contains("not a WebAssembly component"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_component_of_another_world_is_refused() {
+    let job = good_job().replace(&counter(), &toml_path(&component("test_wrong_world")));
+    let e = validate_fails(&job, |_| {});
+    assert!(
+        e.contains("neither world `operator` nor `co-operator`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_failing_guest_fails_the_job_naming_operator_and_subtask() {
+    let dir = scratch();
+    std::fs::write(dir.path().join("in.csv"), "a,count\nb,panic\n").unwrap();
+    let job = format!(
+        "[job]\nname = \"boom\"\n[[source]]\nid = \"in\"\ntype = \"file\"\npath = \"in.csv\"\nkey_column = 0\n\
+         [[operator]]\nid = \"probe\"\ncomponent = {}\nparallelism = 1\ninputs = [{{ from = \"in\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"o\"\ntype = \"file\"\npath = \"out\"\ninputs = [{{ from = \"probe\" }}]\n",
+        toml_path(&component("test_probe"))
+    );
+    let e = run_job_in(dir.path(), &job).unwrap_err().to_string();
+    assert!(
+        e.contains("job `boom` failed")
+            && e.contains("probe#0")
+            && e.contains("probe panicked on request"),
+        "{e}"
+    );
+    // Nothing is committed by a failed run.
+    assert!(crate::support::committed_lines(&dir.path().join("out")).is_empty());
+
+    // Through the binary: non-zero exit, same message.
+    let out = weir()
+        .args(["run", "--progress", "0"])
+        .arg(dir.path().join("job.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("probe#0") && stderr.contains("probe panicked on request"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_operator_that_fails_to_open_fails_the_job() {
+    let dir = scratch();
+    let job = format!(
+        "[job]\nname = \"j\"\n[[source]]\nid = \"a\"\ntype = \"generator\"\ncount = 10\n\
+         [[operator]]\nid = \"p\"\ncomponent = {}\nconfig = {{ fail_open = true }}\ninputs = [{{ from = \"a\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"o\"\ntype = \"blackhole\"\ninputs = [{{ from = \"p\" }}]\n",
+        toml_path(&component("test_probe"))
+    );
+    let e = run_job_in(dir.path(), &job).unwrap_err().to_string();
+    assert!(
+        e.contains("p#0") && e.contains("open failed on request"),
+        "{e}"
+    );
+}

@@ -1,0 +1,263 @@
+//! The examples run through the real `weir` binary and real components, and variations of
+//! them through the library: parallelism, union, broadcast, rebalance, forward.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::support::{
+    committed_lines, component, guests, root, run_job_in, scratch, toml_path, weir,
+};
+
+fn expected(example: &str) -> Vec<String> {
+    committed_lines(&root().join("examples").join(example).join("expected"))
+}
+
+/// Copies an example (job, inputs, expected) into a scratch dir with component paths made
+/// absolute, so tests never write into the source tree and can run concurrently.
+fn copy_example(example: &str) -> tempfile::TempDir {
+    guests();
+    let src = root().join("examples").join(example);
+    let dir = scratch();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_file() {
+            std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+    }
+    let job = std::fs::read_to_string(src.join("job.toml")).unwrap();
+    let job = job.replace(
+        "\"../../target/",
+        &format!("\"{}/target/", root().display()),
+    );
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    dir
+}
+
+fn run_binary(job: &Path) -> std::process::Output {
+    let out = weir()
+        .args(["run", "--progress", "0"])
+        .arg(job)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "weir run failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn wordcount_example_writes_expected_output() {
+    let dir = copy_example("wordcount");
+    let out = run_binary(&dir.path().join("job.toml"));
+    assert_eq!(
+        committed_lines(&dir.path().join("out")),
+        expected("wordcount")
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("count") && stderr.contains("finished"),
+        "{stderr}"
+    );
+    // Only committed files are visible: no in-progress file is left behind.
+    let names: Vec<String> = std::fs::read_dir(dir.path().join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into())
+        .collect();
+    assert!(names.iter().all(|n| n.starts_with("part-")), "{names:?}");
+}
+
+#[test]
+fn enrich_example_writes_expected_output() {
+    let dir = copy_example("enrich");
+    run_binary(&dir.path().join("job.toml"));
+    for sub in ["enriched", "invalid"] {
+        assert_eq!(
+            committed_lines(&dir.path().join("out").join(sub)),
+            committed_lines(&root().join("examples/enrich/expected").join(sub)),
+            "{sub}"
+        );
+    }
+    assert_eq!(committed_lines(&dir.path().join("out")), expected("enrich"));
+}
+
+fn wordcount_job(
+    input: &Path,
+    extra_sources: usize,
+    tok_p: u32,
+    tok_part: &str,
+    count_p: u32,
+    sink_p: u32,
+) -> String {
+    let mut s = String::from("[job]\nname = \"wc\"\nmax_parallelism = 64\n");
+    let mut froms = Vec::new();
+    for i in 0..=extra_sources {
+        s += &format!(
+            "[[source]]\nid = \"lines{i}\"\ntype = \"file\"\npath = {}\n",
+            toml_path(input)
+        );
+        froms.push(format!(
+            "{{ from = \"lines{i}\", partition = \"{tok_part}\" }}"
+        ));
+    }
+    s += &format!(
+        "[[operator]]\nid = \"tokenize\"\ncomponent = {}\nparallelism = {tok_p}\ninputs = [{}]\n",
+        toml_path(&component("wordcount_tokenizer")),
+        froms.join(", ")
+    );
+    s += &format!(
+        "[[operator]]\nid = \"count\"\ncomponent = {}\nparallelism = {count_p}\ninputs = [{{ from = \"tokenize\", partition = \"hash\" }}]\n",
+        toml_path(&component("wordcount_counter"))
+    );
+    s += &format!(
+        "[[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {sink_p}\ninputs = [{{ from = \"count\", partition = \"rebalance\" }}]\n"
+    );
+    s
+}
+
+/// Expected wordcount lines when every word occurs `factor` times as often.
+fn scaled_expected(factor: u64) -> Vec<String> {
+    let mut max: BTreeMap<String, u64> = BTreeMap::new();
+    for l in expected("wordcount") {
+        let (w, n) = l.rsplit_once(' ').unwrap();
+        let e = max.entry(w.to_string()).or_default();
+        *e = (*e).max(n.parse().unwrap());
+    }
+    let mut out: Vec<String> = max
+        .iter()
+        .flat_map(|(w, n)| (1..=n * factor).map(move |i| format!("{w} {i}")))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn wordcount_output_is_the_same_at_every_parallelism() {
+    let input = root().join("examples/wordcount/input.txt");
+    for (tok_p, count_p, sink_p) in [(1, 1, 1), (3, 4, 2), (2, 7, 3)] {
+        let dir = scratch();
+        run_job_in(
+            dir.path(),
+            &wordcount_job(&input, 0, tok_p, "rebalance", count_p, sink_p),
+        )
+        .unwrap();
+        assert_eq!(
+            committed_lines(&dir.path().join("out")),
+            expected("wordcount"),
+            "p = {tok_p}/{count_p}/{sink_p}"
+        );
+    }
+}
+
+#[test]
+fn union_of_several_sources_feeds_one_input() {
+    let input = root().join("examples/wordcount/input.txt");
+    let dir = scratch();
+    run_job_in(dir.path(), &wordcount_job(&input, 2, 2, "rebalance", 2, 1)).unwrap();
+    assert_eq!(committed_lines(&dir.path().join("out")), scaled_expected(3));
+}
+
+#[test]
+fn broadcast_sends_every_record_to_every_subtask() {
+    let input = root().join("examples/wordcount/input.txt");
+    let dir = scratch();
+    let summary = run_job_in(dir.path(), &wordcount_job(&input, 0, 3, "broadcast", 2, 2)).unwrap();
+    assert_eq!(committed_lines(&dir.path().join("out")), scaled_expected(3));
+    let tok = summary
+        .nodes
+        .iter()
+        .find(|n| n.id.as_str() == "tokenize")
+        .unwrap();
+    let src = summary
+        .nodes
+        .iter()
+        .find(|n| n.id.as_str() == "lines0")
+        .unwrap();
+    assert_eq!(tok.records_in, 3 * src.records_out);
+}
+
+#[test]
+fn hash_partitioning_spreads_a_generator_over_subtasks_without_loss() {
+    let dir = scratch();
+    let job = format!(
+        r#"
+[job]
+name = "gen"
+max_parallelism = 32
+batch_size = 100
+channel_capacity = 2
+[[source]]
+id = "gen"
+type = "generator"
+count = 50000
+keys = 500
+parallelism = 2
+[[operator]]
+id = "count"
+component = {}
+parallelism = 3
+inputs = [{{ from = "gen", partition = "hash" }}]
+[[sink]]
+id = "out"
+type = "file"
+path = "out"
+format = "key_value"
+parallelism = 3
+inputs = [{{ from = "count" }}]
+"#,
+        toml_path(&component("wordcount_counter"))
+    );
+    let summary = run_job_in(dir.path(), &job).unwrap();
+    assert_eq!(summary.nodes[1].records_in, 50_000);
+    // key k occurs 100 times: lines "k k 1" .. "k k 100", each exactly once.
+    let lines = committed_lines(&dir.path().join("out"));
+    assert_eq!(lines.len(), 50_000);
+    let mut want: Vec<String> = (0..500)
+        .flat_map(|k| (1..=100).map(move |i| format!("{k} {k} {i}")))
+        .collect();
+    want.sort();
+    assert_eq!(lines, want);
+}
+
+#[test]
+fn end_of_stream_fires_event_timers_then_closes_operators() {
+    let dir = scratch();
+    std::fs::write(dir.path().join("in.csv"), "a,timer:5\nb,timer:7\na,count\n").unwrap();
+    let job = format!(
+        r#"
+[job]
+name = "timers"
+[[source]]
+id = "in"
+type = "file"
+path = "in.csv"
+key_column = 0
+[[operator]]
+id = "probe"
+component = {}
+inputs = [{{ from = "in", partition = "hash" }}]
+[[sink]]
+id = "events"
+type = "file"
+path = "events"
+inputs = [{{ from = "probe", output = "events" }}]
+[[sink]]
+id = "main"
+type = "file"
+path = "main"
+inputs = [{{ from = "probe" }}]
+"#,
+        toml_path(&component("test_probe"))
+    );
+    run_job_in(dir.path(), &job).unwrap();
+    let events = std::fs::read_to_string(dir.path().join("events/part-0-0")).unwrap();
+    assert_eq!(
+        events, "timer event a@5\ntimer event b@7\nwatermark 9223372036854775807\nclosed after 3\n",
+        "end of stream is watermark +inf: timers fire in time order, then on-watermark, then close"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("main/part-0-0")).unwrap(),
+        "a=1\n"
+    );
+}

@@ -1,0 +1,9 @@
+//! Weir's end-to-end tests: one binary, one module per area. Test names carry their area
+//! as a prefix so `cargo test <prefix>` runs one area.
+//!
+//! Every test runs the real WebAssembly components (built on first use by `support`).
+
+mod boundary;
+mod errors;
+mod examples;
+mod support;

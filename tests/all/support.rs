@@ -1,0 +1,111 @@
+//! Shared helpers: building the guest components once, running jobs, reading sink output.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use weir::job;
+use weir::runtime::error::RunError;
+use weir::runtime::executor::{self, RunOptions, RunSummary};
+use weir::sandbox::engine::new_engine;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+const GUESTS: &[&str] = &[
+    "wordcount-tokenizer",
+    "wordcount-counter",
+    "enrich-enricher",
+    "test-probe",
+    "test-wrong-world",
+];
+
+/// Builds every guest component once per test run; returns their directory.
+pub fn guests() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--profile", "guest", "--target", "wasm32-unknown-unknown"]).current_dir(root());
+        for g in GUESTS {
+            cmd.args(["-p", g]);
+        }
+        let out = cmd.output().expect("running cargo to build the guest components");
+        assert!(
+            out.status.success(),
+            "building the guest components failed (is the target installed? `rustup target add wasm32-unknown-unknown`):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        root().join("target/wasm32-unknown-unknown/guest")
+    })
+}
+
+/// Path of the component built from crate `name` (e.g. `test_probe`).
+pub fn component(name: &str) -> PathBuf {
+    guests().join(format!("{name}.wasm"))
+}
+
+/// A scratch directory.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("weir-test-")
+        .tempdir()
+        .unwrap()
+}
+
+/// Sorted lines of every committed file under `dir` (files whose name starts with `.` are
+/// in progress and skipped).
+pub fn committed_lines(dir: &Path) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let e = e.unwrap();
+            let p = e.path();
+            if e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let text = std::fs::read_to_string(&p).unwrap();
+                lines.extend(text.lines().map(str::to_string));
+            }
+        }
+    }
+    lines.sort();
+    lines
+}
+
+/// Validates, binds and runs the job file text `toml` as if it lived in `dir`.
+pub fn run_job_in(dir: &Path, toml: &str) -> Result<RunSummary, RunError> {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, toml).unwrap();
+    let graph = job::parse(&path, toml)?;
+    let engine = new_engine().unwrap();
+    let bound = job::bind::bind(&engine, graph)?;
+    executor::run(
+        &bound,
+        &RunOptions {
+            progress: None,
+            quiet_guests: true,
+        },
+    )
+}
+
+/// The `weir` binary.
+pub fn weir() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+}
+
+/// Path as a TOML string literal.
+pub fn toml_path(p: &Path) -> String {
+    format!("{:?}", p.display().to_string())
+}
