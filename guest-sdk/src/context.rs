@@ -16,9 +16,7 @@ use serde::de::DeserializeOwned;
 use crate::bindings::{collector, logging, timers, types};
 use crate::info::{OperatorInfo, StateKind};
 use crate::record::{NO_KEY_GROUP, write_record};
-use crate::state::{
-    ListState, MapState, OperatorValue, Registered, RegisteredOperatorState, ValueState, new_table,
-};
+use crate::state::{ListState, MapState, OperatorValue, Registered, RegisteredOperatorState, ValueState, new_table};
 use crate::{Error, Result};
 
 /// Emits are handed to the host when the buffer grows past this many bytes.
@@ -35,13 +33,7 @@ pub(crate) struct Runtime {
 
 impl Runtime {
     pub fn new(info: OperatorInfo, task: types::TaskInfo) -> Self {
-        Runtime {
-            info,
-            task,
-            emit: Vec::with_capacity(64 * 1024),
-            keyed: Vec::new(),
-            operator_states: Vec::new(),
-        }
+        Runtime { info, task, emit: Vec::with_capacity(64 * 1024), keyed: Vec::new(), operator_states: Vec::new() }
     }
 
     pub fn group_count(&self) -> usize {
@@ -124,13 +116,7 @@ impl<'a> Context<'a> {
             .iter()
             .position(|s| *s == name)
             .ok_or_else(|| Error::msg(format!("side output `{name}` is not declared")))?;
-        write_record(
-            &mut self.rt.emit,
-            port as u32 + 1,
-            self.timestamp,
-            key,
-            value,
-        );
+        write_record(&mut self.rt.emit, port as u32 + 1, self.timestamp, key, value);
         if self.rt.emit.len() >= FLUSH_BYTES {
             self.rt.flush();
         }
@@ -139,32 +125,17 @@ impl<'a> Context<'a> {
 
     /// Registers an event-time timer for the current key at `time`.
     pub fn register_event_timer(&mut self, time: i64) {
-        timers::register(
-            types::TimeDomain::EventTime,
-            self.slot_key_group(),
-            self.key,
-            time,
-        );
+        timers::register(types::TimeDomain::EventTime, self.slot_key_group(), self.key, time);
     }
 
     /// Registers a processing-time timer for the current key at `time` (ms since epoch).
     pub fn register_processing_timer(&mut self, time: i64) {
-        timers::register(
-            types::TimeDomain::ProcessingTime,
-            self.slot_key_group(),
-            self.key,
-            time,
-        );
+        timers::register(types::TimeDomain::ProcessingTime, self.slot_key_group(), self.key, time);
     }
 
     /// Deletes an event-time timer of the current key.
     pub fn delete_event_timer(&mut self, time: i64) {
-        timers::delete(
-            types::TimeDomain::EventTime,
-            self.slot_key_group(),
-            self.key,
-            time,
-        );
+        timers::delete(types::TimeDomain::EventTime, self.slot_key_group(), self.key, time);
     }
 
     fn slot_key_group(&self) -> u32 {
@@ -223,9 +194,7 @@ impl<'a> OpenContext<'a> {
     {
         match self.config.get(key) {
             None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|e| Error::msg(format!("config `{key}` = `{v}` is invalid: {e}"))),
+            Some(v) => v.parse().map_err(|e| Error::msg(format!("config `{key}` = `{v}` is invalid: {e}"))),
         }
     }
 
@@ -236,10 +205,7 @@ impl<'a> OpenContext<'a> {
 
     fn declared(&self, name: &'static str, kind: StateKind, keyed: bool) -> Result<()> {
         let d = self.rt.info.state(name).ok_or_else(|| {
-            Error::msg(format!(
-                "state `{name}` is not declared in `{}`'s OperatorInfo::states",
-                self.rt.info.name
-            ))
+            Error::msg(format!("state `{name}` is not declared in `{}`'s OperatorInfo::states", self.rt.info.name))
         })?;
         if d.kind != kind || d.keyed != keyed {
             return Err(Error::msg(format!(
@@ -247,9 +213,7 @@ impl<'a> OpenContext<'a> {
                 d.kind, d.keyed
             )));
         }
-        if self.rt.keyed.iter().any(|r| r.name == name)
-            || self.rt.operator_states.iter().any(|r| r.name == name)
-        {
+        if self.rt.keyed.iter().any(|r| r.name == name) || self.rt.operator_states.iter().any(|r| r.name == name) {
             return Err(Error::msg(format!("state `{name}` is registered twice")));
         }
         Ok(())
@@ -262,10 +226,7 @@ impl<'a> OpenContext<'a> {
     ) -> Result<ValueState<T>> {
         self.declared(name, StateKind::Value, true)?;
         let (table, erased) = new_table::<T>(self.rt.group_count());
-        self.rt.keyed.push(Registered {
-            name,
-            table: erased,
-        });
+        self.rt.keyed.push(Registered { name, table: erased });
         Ok(ValueState { table })
     }
 
@@ -276,10 +237,7 @@ impl<'a> OpenContext<'a> {
     ) -> Result<ListState<T>> {
         self.declared(name, StateKind::List, true)?;
         let (table, erased) = new_table::<Vec<T>>(self.rt.group_count());
-        self.rt.keyed.push(Registered {
-            name,
-            table: erased,
-        });
+        self.rt.keyed.push(Registered { name, table: erased });
         Ok(ListState { table })
     }
 
@@ -291,10 +249,7 @@ impl<'a> OpenContext<'a> {
     {
         self.declared(name, StateKind::Map, true)?;
         let (table, erased) = new_table::<BTreeMap<K, V>>(self.rt.group_count());
-        self.rt.keyed.push(Registered {
-            name,
-            table: erased,
-        });
+        self.rt.keyed.push(Registered { name, table: erased });
         Ok(MapState { table })
     }
 
@@ -305,10 +260,7 @@ impl<'a> OpenContext<'a> {
     ) -> Result<OperatorValue<T>> {
         self.declared(name, StateKind::Value, false)?;
         let cell = Rc::new(RefCell::new(None::<T>));
-        self.rt.operator_states.push(RegisteredOperatorState {
-            name,
-            cell: cell.clone(),
-        });
+        self.rt.operator_states.push(RegisteredOperatorState { name, cell: cell.clone() });
         Ok(OperatorValue { cell })
     }
 }

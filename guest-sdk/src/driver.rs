@@ -38,9 +38,7 @@ impl<Op> Slot<Op> {
     }
 
     fn instance(&self) -> Result<&mut Instance<Op>, String> {
-        self.get()
-            .as_mut()
-            .ok_or_else(|| "operator used before `open`".to_string())
+        self.get().as_mut().ok_or_else(|| "operator used before `open`".to_string())
     }
 }
 
@@ -79,11 +77,7 @@ pub fn open<Op: Operator>(slot: &Slot<Op>, config: Vec<(String, String)>) -> Res
     install_panic_hook();
     let config: BTreeMap<String, String> = config.into_iter().collect();
     let mut rt = Runtime::new(Op::INFO, host_context::task());
-    let op = Op::open(&mut OpenContext {
-        rt: &mut rt,
-        config: &config,
-    })
-    .map_err(|e| e.to_string())?;
+    let op = Op::open(&mut OpenContext { rt: &mut rt, config: &config }).map_err(|e| e.to_string())?;
     *slot.get() = Some(Instance { op, rt });
     Ok(())
 }
@@ -125,24 +119,14 @@ pub fn process_right<Op: CoOperator>(slot: &Slot<Op>, batch: Vec<u8>) -> Result<
 }
 
 /// `on-timer` export: the batch holds the fired timers (tag = key group, ts = time).
-pub fn on_timer<Op: Operator>(
-    slot: &Slot<Op>,
-    domain: TimeDomain,
-    timers: Vec<u8>,
-) -> Result<(), String> {
+pub fn on_timer<Op: Operator>(slot: &Slot<Op>, domain: TimeDomain, timers: Vec<u8>) -> Result<(), String> {
     for_each_record(slot, &timers, |op, ctx, _| op.on_timer(ctx, domain))
 }
 
 /// `on-watermark` export.
 pub fn on_watermark<Op: Operator>(slot: &Slot<Op>, watermark: i64) -> Result<(), String> {
     let inst = slot.instance()?;
-    let mut ctx = Context {
-        rt: &mut inst.rt,
-        slot: None,
-        key_group: NO_KEY_GROUP,
-        key: &[],
-        timestamp: watermark,
-    };
+    let mut ctx = Context { rt: &mut inst.rt, slot: None, key_group: NO_KEY_GROUP, key: &[], timestamp: watermark };
     let r = inst.op.on_watermark(&mut ctx, watermark);
     inst.rt.flush();
     r.map_err(|e| e.to_string())
@@ -151,23 +135,14 @@ pub fn on_watermark<Op: Operator>(slot: &Slot<Op>, watermark: i64) -> Result<(),
 /// `close` export.
 pub fn close<Op: Operator>(slot: &Slot<Op>) -> Result<(), String> {
     let inst = slot.instance()?;
-    let mut ctx = Context {
-        rt: &mut inst.rt,
-        slot: None,
-        key_group: NO_KEY_GROUP,
-        key: &[],
-        timestamp: i64::MAX,
-    };
+    let mut ctx = Context { rt: &mut inst.rt, slot: None, key_group: NO_KEY_GROUP, key: &[], timestamp: i64::MAX };
     let r = inst.op.close(&mut ctx);
     inst.rt.flush();
     r.map_err(|e| e.to_string())
 }
 
 /// `snapshot` export.
-pub fn snapshot<Op: Operator>(
-    slot: &Slot<Op>,
-    mode: types::SnapshotMode,
-) -> Result<types::OperatorSnapshot, String> {
+pub fn snapshot<Op: Operator>(slot: &Slot<Op>, mode: types::SnapshotMode) -> Result<types::OperatorSnapshot, String> {
     let inst = slot.instance()?;
     take_snapshot(&mut inst.rt, mode).map_err(|e| e.to_string())
 }
@@ -185,10 +160,7 @@ fn take_snapshot(rt: &mut Runtime, mode: types::SnapshotMode) -> Result<types::O
             if !empty {
                 encode_group(&rt.keyed, slot, &mut data)?;
             }
-            keyed.push(types::KeyGroupState {
-                key_group: rt.task.key_group_start + slot as u32,
-                data,
-            });
+            keyed.push(types::KeyGroupState { key_group: rt.task.key_group_start + slot as u32, data });
         }
     }
     for s in &rt.keyed {
@@ -211,10 +183,7 @@ fn take_snapshot(rt: &mut Runtime, mode: types::SnapshotMode) -> Result<types::O
             }
         }
     }
-    Ok(types::OperatorSnapshot {
-        keyed,
-        operator_state,
-    })
+    Ok(types::OperatorSnapshot { keyed, operator_state })
 }
 
 /// `restore` export.
@@ -227,11 +196,7 @@ pub fn restore<Op: Operator>(
     restore_state::<Op>(&mut inst.rt, schema_version, &state).map_err(|e| e.to_string())
 }
 
-fn restore_state<Op: Operator>(
-    rt: &mut Runtime,
-    from: u32,
-    state: &types::OperatorSnapshot,
-) -> Result<()> {
+fn restore_state<Op: Operator>(rt: &mut Runtime, from: u32, state: &types::OperatorSnapshot) -> Result<()> {
     let info = Op::INFO;
     let migrate = if from == info.schema_version {
         false
@@ -244,11 +209,7 @@ fn restore_state<Op: Operator>(
         )));
     };
     let convert = |name: &str, bytes: &[u8]| -> Result<Option<Vec<u8>>> {
-        if migrate {
-            Op::migrate_value(name, from, bytes).map(Some)
-        } else {
-            Ok(None)
-        }
+        if migrate { Op::migrate_value(name, from, bytes).map(Some) } else { Ok(None) }
     };
     for kg in &state.keyed {
         let slot = rt.slot_of(kg.key_group).ok_or_else(|| {
@@ -262,8 +223,7 @@ fn restore_state<Op: Operator>(
         }
         let mut c = Cursor::new(&kg.data);
         for _ in 0..c.u32()? {
-            let name = std::str::from_utf8(c.chunk()?)
-                .map_err(|_| Error::msg("corrupt state blob: state name"))?;
+            let name = std::str::from_utf8(c.chunk()?).map_err(|_| Error::msg("corrupt state blob: state name"))?;
             let reg = rt.keyed.iter().find(|r| r.name == name).ok_or_else(|| {
                 Error::msg(format!(
                     "the snapshot holds keyed state `{name}`, which `{}` {} does not register",
@@ -285,18 +245,13 @@ fn restore_state<Op: Operator>(
     if !state.operator_state.is_empty() {
         let mut c = Cursor::new(&state.operator_state);
         for _ in 0..c.u32()? {
-            let name = std::str::from_utf8(c.chunk()?)
-                .map_err(|_| Error::msg("corrupt state blob: state name"))?;
-            let reg = rt
-                .operator_states
-                .iter()
-                .find(|r| r.name == name)
-                .ok_or_else(|| {
-                    Error::msg(format!(
-                        "the snapshot holds operator state `{name}`, which `{}` does not register",
-                        info.name
-                    ))
-                })?;
+            let name = std::str::from_utf8(c.chunk()?).map_err(|_| Error::msg("corrupt state blob: state name"))?;
+            let reg = rt.operator_states.iter().find(|r| r.name == name).ok_or_else(|| {
+                Error::msg(format!(
+                    "the snapshot holds operator state `{name}`, which `{}` does not register",
+                    info.name
+                ))
+            })?;
             for _ in 0..c.u32()? {
                 let _key = c.chunk()?;
                 let value = c.chunk()?;

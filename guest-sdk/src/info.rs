@@ -30,35 +30,19 @@ pub struct StateDescriptor {
 impl StateDescriptor {
     /// A keyed [`ValueState`](crate::ValueState).
     pub const fn keyed_value(name: &'static str) -> Self {
-        StateDescriptor {
-            name,
-            kind: StateKind::Value,
-            keyed: true,
-        }
+        StateDescriptor { name, kind: StateKind::Value, keyed: true }
     }
     /// A keyed [`ListState`](crate::ListState).
     pub const fn keyed_list(name: &'static str) -> Self {
-        StateDescriptor {
-            name,
-            kind: StateKind::List,
-            keyed: true,
-        }
+        StateDescriptor { name, kind: StateKind::List, keyed: true }
     }
     /// A keyed [`MapState`](crate::MapState).
     pub const fn keyed_map(name: &'static str) -> Self {
-        StateDescriptor {
-            name,
-            kind: StateKind::Map,
-            keyed: true,
-        }
+        StateDescriptor { name, kind: StateKind::Map, keyed: true }
     }
     /// A per-subtask [`OperatorValue`](crate::OperatorValue).
     pub const fn operator_value(name: &'static str) -> Self {
-        StateDescriptor {
-            name,
-            kind: StateKind::Value,
-            keyed: false,
-        }
+        StateDescriptor { name, kind: StateKind::Value, keyed: false }
     }
 }
 
@@ -82,14 +66,7 @@ pub struct OperatorInfo {
 impl OperatorInfo {
     /// A stateless operator named `name` at `version`, schema 1.
     pub const fn new(name: &'static str, version: &'static str) -> Self {
-        OperatorInfo {
-            name,
-            version,
-            schema_version: 1,
-            migrates_from: &[],
-            states: &[],
-            side_outputs: &[],
-        }
+        OperatorInfo { name, version, schema_version: 1, migrates_from: &[], states: &[], side_outputs: &[] }
     }
 
     pub(crate) fn state(&self, name: &str) -> Option<&StateDescriptor> {

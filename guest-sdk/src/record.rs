@@ -28,14 +28,12 @@ pub struct Record<'a> {
 impl<'a> Record<'a> {
     /// The key as UTF-8 text (lossless when it is text).
     pub fn key_str(&self) -> Result<&'a str> {
-        std::str::from_utf8(self.key)
-            .map_err(|e| Error::msg(format!("record key is not UTF-8: {e}")))
+        std::str::from_utf8(self.key).map_err(|e| Error::msg(format!("record key is not UTF-8: {e}")))
     }
 
     /// The value as UTF-8 text.
     pub fn value_str(&self) -> Result<&'a str> {
-        std::str::from_utf8(self.value)
-            .map_err(|e| Error::msg(format!("record value is not UTF-8: {e}")))
+        std::str::from_utf8(self.value).map_err(|e| Error::msg(format!("record value is not UTF-8: {e}")))
     }
 }
 
@@ -73,12 +71,7 @@ impl<'a> RecordReader<'a> {
         let key = &rest[HEADER_LEN..HEADER_LEN + klen];
         let value = &rest[HEADER_LEN + klen..end];
         self.pos += end;
-        Ok(Some(Record {
-            key_group: tag,
-            timestamp,
-            key,
-            value,
-        }))
+        Ok(Some(Record { key_group: tag, timestamp, key, value }))
     }
 }
 
@@ -105,15 +98,9 @@ mod tests {
         write_record(&mut buf, NO_KEY_GROUP, 9, b"", b"");
         let mut r = RecordReader::new(&buf);
         let a = r.next_record().unwrap().unwrap();
-        assert_eq!(
-            (a.key_group, a.timestamp, a.key, a.value),
-            (7, -3, &b"k"[..], &b"value"[..])
-        );
+        assert_eq!((a.key_group, a.timestamp, a.key, a.value), (7, -3, &b"k"[..], &b"value"[..]));
         let b = r.next_record().unwrap().unwrap();
-        assert_eq!(
-            (b.key_group, b.key.len(), b.value.len()),
-            (NO_KEY_GROUP, 0, 0)
-        );
+        assert_eq!((b.key_group, b.key.len(), b.value.len()), (NO_KEY_GROUP, 0, 0));
         assert!(r.next_record().unwrap().is_none());
     }
 

@@ -29,10 +29,7 @@ pub(crate) struct KeyedTable<V> {
 
 impl<V> KeyedTable<V> {
     fn new(group_count: usize) -> Self {
-        KeyedTable {
-            groups: (0..group_count).map(|_| Table::default()).collect(),
-            dirty: vec![false; group_count],
-        }
+        KeyedTable { groups: (0..group_count).map(|_| Table::default()).collect(), dirty: vec![false; group_count] }
     }
 
     #[inline]
@@ -147,11 +144,7 @@ impl<T> ValueState<T> {
     where
         T: Clone,
     {
-        self.table
-            .borrow()
-            .group(ctx.slot())
-            .get(ctx.key())
-            .cloned()
+        self.table.borrow().group(ctx.slot()).get(ctx.key()).cloned()
     }
 
     /// Runs `f` on the current key's value, if any.
@@ -194,10 +187,7 @@ impl<T> ValueState<T> {
     /// Removes the current key's value.
     #[inline]
     pub fn clear(&self, ctx: &Context<'_>) {
-        self.table
-            .borrow_mut()
-            .group_mut(ctx.slot())
-            .remove(ctx.key());
+        self.table.borrow_mut().group_mut(ctx.slot()).remove(ctx.key());
     }
 }
 
@@ -224,19 +214,13 @@ impl<T> ListState<T> {
     #[inline]
     pub fn with<R>(&self, ctx: &Context<'_>, f: impl FnOnce(&[T]) -> R) -> R {
         let t = self.table.borrow();
-        f(t.group(ctx.slot())
-            .get(ctx.key())
-            .map(|l| l.as_slice())
-            .unwrap_or(&[]))
+        f(t.group(ctx.slot()).get(ctx.key()).map(|l| l.as_slice()).unwrap_or(&[]))
     }
 
     /// Removes the current key's list.
     #[inline]
     pub fn clear(&self, ctx: &Context<'_>) {
-        self.table
-            .borrow_mut()
-            .group_mut(ctx.slot())
-            .remove(ctx.key());
+        self.table.borrow_mut().group_mut(ctx.slot()).remove(ctx.key());
     }
 }
 
@@ -266,11 +250,7 @@ impl<K: Ord, V> MapState<K, V> {
     where
         V: Clone,
     {
-        self.table
-            .borrow()
-            .group(ctx.slot())
-            .get(ctx.key())
-            .and_then(|m| m.get(k).cloned())
+        self.table.borrow().group(ctx.slot()).get(ctx.key()).and_then(|m| m.get(k).cloned())
     }
 
     /// Removes `k` from the current key's map.

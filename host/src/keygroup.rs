@@ -69,10 +69,7 @@ mod tests {
         assert_eq!(murmur3_32(b"", 1), 0x514E_28B7);
         assert_eq!(murmur3_32(b"hello", 0), 0x248B_FA47);
         assert_eq!(murmur3_32(b"Hello, world!", 1234), 0xFAF6_CDB3);
-        assert_eq!(
-            murmur3_32(b"The quick brown fox jumps over the lazy dog", 0),
-            0x2E4F_F723
-        );
+        assert_eq!(murmur3_32(b"The quick brown fox jumps over the lazy dog", 0), 0x2E4F_F723);
     }
 
     proptest! {

@@ -15,6 +15,7 @@
 
 #![deny(missing_docs)]
 
+pub mod checkpoint;
 pub mod connectors;
 pub mod graph;
 pub mod ids;

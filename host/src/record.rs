@@ -36,10 +36,7 @@ pub struct Batch {
 impl Batch {
     /// An empty batch with room for `bytes`.
     pub fn with_capacity(bytes: usize) -> Self {
-        Batch {
-            buf: Vec::with_capacity(bytes),
-            len: 0,
-        }
+        Batch { buf: Vec::with_capacity(bytes), len: 0 }
     }
 
     /// Appends a record.
@@ -162,15 +159,7 @@ fn split_record(buf: &[u8]) -> Split<'_> {
     }
     let key = &buf[HEADER_LEN..HEADER_LEN + klen];
     let value = &buf[HEADER_LEN + klen..total];
-    Ok(Some((
-        RecordRef {
-            tag,
-            timestamp,
-            key,
-            value,
-        },
-        &buf[total..],
-    )))
+    Ok(Some((RecordRef { tag, timestamp, key, value }, &buf[total..])))
 }
 
 /// Checks that `buf` is a sequence of well-formed records; returns how many.
@@ -189,11 +178,7 @@ pub fn validate(buf: &[u8]) -> Result<u32, FramingError> {
                 return Err(FramingError::TruncatedHeader { offset });
             }
             Err((claimed, available)) => {
-                return Err(FramingError::TruncatedBody {
-                    offset,
-                    claimed,
-                    available,
-                });
+                return Err(FramingError::TruncatedBody { offset, claimed, available });
             }
         }
     }

@@ -40,12 +40,7 @@ fn instance(c: &LoadedComponent, parallelism: u32, subtask: u32) -> OperatorInst
 fn keyed(records: &[(&str, &str)]) -> Batch {
     let mut b = Batch::default();
     for (i, (k, v)) in records.iter().enumerate() {
-        b.push(
-            key_group(k.as_bytes(), MAX_P),
-            i as i64,
-            k.as_bytes(),
-            v.as_bytes(),
-        );
+        b.push(key_group(k.as_bytes(), MAX_P), i as i64, k.as_bytes(), v.as_bytes());
     }
     b
 }
@@ -54,22 +49,12 @@ fn keyed(records: &[(&str, &str)]) -> Batch {
 fn emitted(i: &mut OperatorInstance) -> Vec<(u32, String, String)> {
     i.take_emitted()
         .iter()
-        .map(|r| {
-            (
-                r.tag,
-                String::from_utf8_lossy(r.key).into(),
-                String::from_utf8_lossy(r.value).into(),
-            )
-        })
+        .map(|r| (r.tag, String::from_utf8_lossy(r.key).into(), String::from_utf8_lossy(r.value).into()))
         .collect()
 }
 
 fn main_out(i: &mut OperatorInstance) -> Vec<String> {
-    emitted(i)
-        .into_iter()
-        .filter(|e| e.0 == 0)
-        .map(|e| e.2)
-        .collect()
+    emitted(i).into_iter().filter(|e| e.0 == 0).map(|e| e.2).collect()
 }
 
 #[test]
@@ -79,15 +64,7 @@ fn boundary_describe_reports_declared_state_and_side_outputs() {
     assert_eq!(c.info.version, "1.0.0");
     assert_eq!(c.info.schema_version, 1);
     let names: Vec<_> = c.info.states.iter().map(|s| (s.0.as_str(), s.2)).collect();
-    assert_eq!(
-        names,
-        vec![
-            ("count", true),
-            ("seen", true),
-            ("tags", true),
-            ("total", false)
-        ]
-    );
+    assert_eq!(names, vec![("count", true), ("seen", true), ("tags", true), ("total", false)]);
     assert_eq!(c.info.side_outputs, vec!["side", "events"]);
     assert!(!c.info.two_input);
 }
@@ -96,16 +73,7 @@ fn boundary_describe_reports_declared_state_and_side_outputs() {
 fn boundary_one_call_per_batch_emits_every_record_in_order() {
     let c = probe();
     let mut i = instance(&c, 1, 0);
-    i.process(
-        Side::Left,
-        &keyed(&[
-            ("a", "count"),
-            ("b", "count"),
-            ("a", "count"),
-            ("x", "emit:3"),
-        ]),
-    )
-    .unwrap();
+    i.process(Side::Left, &keyed(&[("a", "count"), ("b", "count"), ("a", "count"), ("x", "emit:3")])).unwrap();
     assert_eq!(main_out(&mut i), vec!["a=1", "b=1", "a=2", "0", "1", "2"]);
     // A large batch: emits past the SDK's 1 MiB flush threshold arrive complete and in order.
     let big: Vec<(&str, &str)> = vec![("k", "emit:20000"); 10];
@@ -120,22 +88,10 @@ fn boundary_one_call_per_batch_emits_every_record_in_order() {
 fn boundary_side_outputs_are_ports_after_main() {
     let c = probe();
     let mut i = instance(&c, 1, 0);
-    i.process(Side::Left, &keyed(&[("a", "side:hello"), ("a", "count")]))
-        .unwrap();
-    assert_eq!(
-        emitted(&mut i),
-        vec![
-            (1, "a".into(), "hello".into()),
-            (0, "a".into(), "a=1".into())
-        ]
-    );
-    let e = i
-        .process(Side::Left, &keyed(&[("a", "bad-side")]))
-        .unwrap_err();
-    assert!(
-        matches!(&e, GuestError::Failed { message, .. } if message.contains("no-such-output")),
-        "{e}"
-    );
+    i.process(Side::Left, &keyed(&[("a", "side:hello"), ("a", "count")])).unwrap();
+    assert_eq!(emitted(&mut i), vec![(1, "a".into(), "hello".into()), (0, "a".into(), "a=1".into())]);
+    let e = i.process(Side::Left, &keyed(&[("a", "bad-side")])).unwrap_err();
+    assert!(matches!(&e, GuestError::Failed { message, .. } if message.contains("no-such-output")), "{e}");
 }
 
 #[test]
@@ -144,39 +100,21 @@ fn boundary_every_state_kind_survives_snapshot_and_restore() {
     let mut a = instance(&c, 1, 0);
     a.process(
         Side::Left,
-        &keyed(&[
-            ("k1", "count"),
-            ("k1", "count"),
-            ("k2", "count"),
-            ("k1", "list:x"),
-            ("k1", "map:m=5"),
-        ]),
+        &keyed(&[("k1", "count"), ("k1", "count"), ("k2", "count"), ("k1", "list:x"), ("k1", "map:m=5")]),
     )
     .unwrap();
     a.take_emitted();
     let snap = a.snapshot(1, SnapshotMode::Full).unwrap();
-    assert!(
-        !snap.operator_state.is_empty(),
-        "non-keyed state travels in operator_state"
-    );
+    assert!(!snap.operator_state.is_empty(), "non-keyed state travels in operator_state");
 
     let mut b = instance(&c, 1, 0);
     b.restore(1, &snap).unwrap();
     b.process(
         Side::Left,
-        &keyed(&[
-            ("k1", "count"),
-            ("k2", "count"),
-            ("k1", "list:y"),
-            ("k1", "map:n=6"),
-            ("k9", "total"),
-        ]),
+        &keyed(&[("k1", "count"), ("k2", "count"), ("k1", "list:y"), ("k1", "map:n=6"), ("k9", "total")]),
     )
     .unwrap();
-    assert_eq!(
-        main_out(&mut b),
-        vec!["k1=3", "k2=2", "x,y", "m=5,n=6", "10"]
-    );
+    assert_eq!(main_out(&mut b), vec!["k1=3", "k2=2", "x,y", "m=5,n=6", "10"]);
 }
 
 #[test]
@@ -188,10 +126,7 @@ fn boundary_snapshots_are_per_key_group_and_restore_into_a_subset() {
     a.process(Side::Left, &keyed(&recs)).unwrap();
     a.take_emitted();
     let snap = a.snapshot(1, SnapshotMode::Full).unwrap();
-    let mut groups: Vec<u32> = keys
-        .iter()
-        .map(|k| key_group(k.as_bytes(), MAX_P))
-        .collect();
+    let mut groups: Vec<u32> = keys.iter().map(|k| key_group(k.as_bytes(), MAX_P)).collect();
     groups.sort();
     groups.dedup();
     let got: Vec<u32> = snap.keyed.iter().map(|g| g.key_group).collect();
@@ -200,27 +135,16 @@ fn boundary_snapshots_are_per_key_group_and_restore_into_a_subset() {
     // Subtask 1 of 2 receives only its key groups and sees exactly its keys' state.
     let range = key_group_range(MAX_P, 2, 1);
     let part = OperatorSnapshot {
-        keyed: snap
-            .keyed
-            .iter()
-            .filter(|g| range.contains(&g.key_group))
-            .cloned()
-            .collect(),
+        keyed: snap.keyed.iter().filter(|g| range.contains(&g.key_group)).cloned().collect(),
         operator_state: vec![],
     };
     let mut b = instance(&c, 2, 1);
     b.restore(1, &part).unwrap();
-    let mine: Vec<&String> = keys
-        .iter()
-        .filter(|k| range.contains(&key_group(k.as_bytes(), MAX_P)))
-        .collect();
+    let mine: Vec<&String> = keys.iter().filter(|k| range.contains(&key_group(k.as_bytes(), MAX_P))).collect();
     assert!(!mine.is_empty() && mine.len() < keys.len());
     let recs: Vec<(&str, &str)> = mine.iter().map(|k| (k.as_str(), "count")).collect();
     b.process(Side::Left, &keyed(&recs)).unwrap();
-    assert!(
-        main_out(&mut b).iter().all(|l| l.ends_with("=2")),
-        "restored counts continue"
-    );
+    assert!(main_out(&mut b).iter().all(|l| l.ends_with("=2")), "restored counts continue");
 
     // Handing a subtask a key group it does not own is refused.
     let mut c2 = instance(&c, 2, 0);
@@ -232,11 +156,7 @@ fn boundary_snapshots_are_per_key_group_and_restore_into_a_subset() {
 fn boundary_incremental_snapshot_holds_only_changed_key_groups() {
     let c = probe();
     let mut a = instance(&c, 1, 0);
-    a.process(
-        Side::Left,
-        &keyed(&[("a", "count"), ("b", "count"), ("c", "count")]),
-    )
-    .unwrap();
+    a.process(Side::Left, &keyed(&[("a", "count"), ("b", "count"), ("c", "count")])).unwrap();
     let full = a.snapshot(1, SnapshotMode::Full).unwrap();
     assert_eq!(full.keyed.len(), 3);
     a.process(Side::Left, &keyed(&[("b", "count")])).unwrap();
@@ -251,53 +171,28 @@ fn boundary_incremental_snapshot_holds_only_changed_key_groups() {
 fn boundary_event_timers_fire_through_on_timer_and_watermarks_reach_the_guest() {
     let c = probe();
     let mut i = instance(&c, 1, 0);
-    i.process(
-        Side::Left,
-        &keyed(&[("a", "timer:100"), ("b", "timer:50"), ("a", "timer:100")]),
-    )
-    .unwrap();
-    assert_eq!(
-        i.host().event_timers.len(),
-        2,
-        "duplicate timer registered once"
-    );
+    i.process(Side::Left, &keyed(&[("a", "timer:100"), ("b", "timer:50"), ("a", "timer:100")])).unwrap();
+    assert_eq!(i.host().event_timers.len(), 2, "duplicate timer registered once");
     let due = i.host().event_timers.pop_due(120);
     i.on_timer(TimeDomain::EventTime, &due).unwrap();
     i.on_watermark(120).unwrap();
     let ev: Vec<_> = emitted(&mut i).into_iter().map(|e| (e.0, e.2)).collect();
-    assert_eq!(
-        ev,
-        vec![
-            (2, "timer event b@50".into()),
-            (2, "timer event a@100".into()),
-            (2, "watermark 120".into())
-        ]
-    );
+    assert_eq!(ev, vec![(2, "timer event b@50".into()), (2, "timer event a@100".into()), (2, "watermark 120".into())]);
 }
 
 #[test]
 fn boundary_guest_panic_is_a_trap_carrying_the_panic_message() {
     let c = probe();
     let mut i = instance(&c, 1, 0);
-    let e = i
-        .process(Side::Left, &keyed(&[("a", "panic")]))
-        .unwrap_err();
+    let e = i.process(Side::Left, &keyed(&[("a", "panic")])).unwrap_err();
     match &e {
         GuestError::Trap { detail, .. } => {
-            assert!(
-                detail
-                    .as_deref()
-                    .unwrap_or("")
-                    .contains("probe panicked on request"),
-                "{e}"
-            )
+            assert!(detail.as_deref().unwrap_or("").contains("probe panicked on request"), "{e}")
         }
         other => panic!("expected a trap, got {other}"),
     }
     // A trapped instance is dead: it is never re-entered.
-    let again = i
-        .process(Side::Left, &keyed(&[("a", "count")]))
-        .unwrap_err();
+    let again = i.process(Side::Left, &keyed(&[("a", "count")])).unwrap_err();
     assert!(matches!(again, GuestError::Trap { .. }), "{again}");
 }
 
@@ -305,20 +200,10 @@ fn boundary_guest_panic_is_a_trap_carrying_the_panic_message() {
 fn boundary_guest_errors_are_reported_not_trapped() {
     let c = probe();
     let mut i = instance(&c, 1, 0);
-    let e = i
-        .process(Side::Left, &keyed(&[("a", "error")]))
-        .unwrap_err();
-    assert!(
-        matches!(&e, GuestError::Failed { message, .. } if message == "probe failed on request"),
-        "{e}"
-    );
-    let e = i
-        .process(Side::Left, &keyed(&[("a", "nonsense")]))
-        .unwrap_err();
-    assert!(
-        e.to_string().contains("unknown probe command `nonsense`"),
-        "{e}"
-    );
+    let e = i.process(Side::Left, &keyed(&[("a", "error")])).unwrap_err();
+    assert!(matches!(&e, GuestError::Failed { message, .. } if message == "probe failed on request"), "{e}");
+    let e = i.process(Side::Left, &keyed(&[("a", "nonsense")])).unwrap_err();
+    assert!(e.to_string().contains("unknown probe command `nonsense`"), "{e}");
 }
 
 #[test]
@@ -329,8 +214,7 @@ fn boundary_keyed_state_on_an_unkeyed_record_traps_with_the_fix() {
     b.push(NO_KEY_GROUP, 0, b"a", b"count");
     let e = i.process(Side::Left, &b).unwrap_err();
     assert!(
-        e.to_string().contains("partition = \\\"hash\\\"")
-            || e.to_string().contains("partition = \"hash\""),
+        e.to_string().contains("partition = \\\"hash\\\"") || e.to_string().contains("partition = \"hash\""),
         "{e}"
     );
 }
@@ -343,8 +227,5 @@ fn boundary_restore_refuses_an_unknown_schema_version() {
     let snap = a.snapshot(1, SnapshotMode::Full).unwrap();
     let mut b = instance(&c, 1, 0);
     let e = b.restore(7, &snap).unwrap_err();
-    assert!(
-        e.to_string().contains("cannot restore state of schema 7"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("cannot restore state of schema 7"), "{e}");
 }

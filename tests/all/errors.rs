@@ -14,10 +14,7 @@ fn validate_fails(job: &str, setup: impl FnOnce(&Path)) -> String {
     std::fs::write(&path, job).unwrap();
     let out = weir().arg("validate").arg(&path).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        !out.status.success(),
-        "validate must fail, stderr: {stderr}"
-    );
+    assert!(!out.status.success(), "validate must fail, stderr: {stderr}");
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.starts_with("error: "), "{stderr}");
     stderr
@@ -60,11 +57,7 @@ fn good_job_validates() {
     let path = dir.path().join("job.toml");
     std::fs::write(&path, good_job()).unwrap();
     let out = weir().arg("validate").arg(&path).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("wordcount-counter 1.0.0"), "{stdout}");
 }
@@ -79,10 +72,7 @@ fn toml_syntax_error_names_the_line() {
 fn misspelled_field_is_an_error_not_a_default() {
     let job = good_job().replace("parallelism = 2", "paralelism = 2");
     let e = validate_fails(&job, |_| {});
-    assert!(
-        e.contains("job.toml:13:") && e.contains("unknown field `paralelism`"),
-        "{e}"
-    );
+    assert!(e.contains("job.toml:13:") && e.contains("unknown field `paralelism`"), "{e}");
 }
 
 #[test]
@@ -90,10 +80,7 @@ fn unknown_input_id_names_the_line_and_the_known_ids() {
     let job = good_job().replace("from = \"gen\"", "from = \"gne\"");
     let e = validate_fails(&job, |_| {});
     assert!(e.contains("job.toml:14:"), "{e}");
-    assert!(
-        e.contains("unknown id `gne`") && e.contains("known ids: count, gen, out"),
-        "{e}"
-    );
+    assert!(e.contains("unknown id `gne`") && e.contains("known ids: count, gen, out"), "{e}");
 }
 
 #[test]
@@ -101,9 +88,7 @@ fn duplicate_id_names_both_lines() {
     let job = good_job().replace("id = \"out\"", "id = \"count\"");
     let e = validate_fails(&job, |_| {});
     assert!(
-        e.contains("job.toml:17:")
-            && e.contains("duplicate id `count`")
-            && e.contains("first defined on line 11"),
+        e.contains("job.toml:17:") && e.contains("duplicate id `count`") && e.contains("first defined on line 11"),
         "{e}"
     );
 }
@@ -112,10 +97,7 @@ fn duplicate_id_names_both_lines() {
 fn parallelism_above_max_parallelism_is_refused() {
     let job = good_job().replace("parallelism = 2", "parallelism = 9");
     let e = validate_fails(&job, |_| {});
-    assert!(
-        e.contains("job.toml:13:") && e.contains("greater than the job's max_parallelism 8"),
-        "{e}"
-    );
+    assert!(e.contains("job.toml:13:") && e.contains("greater than the job's max_parallelism 8"), "{e}");
 }
 
 #[test]
@@ -123,9 +105,7 @@ fn missing_component_file_says_how_to_build_it() {
     let job = good_job().replace(&counter(), "\"nope/counter.wasm\"");
     let e = validate_fails(&job, |_| {});
     assert!(
-        e.contains("job.toml:12:")
-            && e.contains("does not exist")
-            && e.contains("cargo build --profile guest"),
+        e.contains("job.toml:12:") && e.contains("does not exist") && e.contains("cargo build --profile guest"),
         "{e}"
     );
 }
@@ -135,9 +115,7 @@ fn keyed_operator_without_hash_input_is_refused() {
     let job = good_job().replace("partition = \"hash\"", "partition = \"rebalance\"");
     let e = validate_fails(&job, |_| {});
     assert!(
-        e.contains("job.toml:14:")
-            && e.contains("keeps keyed state (count)")
-            && e.contains("partition = \"hash\""),
+        e.contains("job.toml:14:") && e.contains("keeps keyed state (count)") && e.contains("partition = \"hash\""),
         "{e}"
     );
 }
@@ -146,14 +124,14 @@ fn keyed_operator_without_hash_input_is_refused() {
 fn cycles_are_named() {
     let job = format!(
         "{}\n[[operator]]\nid = \"b\"\ncomponent = {}\ninputs = [{{ from = \"count\", partition = \"hash\" }}]\n",
-        good_job().replace("inputs = [{ from = \"gen\", partition = \"hash\" }]", "inputs = [{ from = \"gen\", partition = \"hash\" }, { from = \"b\", partition = \"hash\" }]"),
+        good_job().replace(
+            "inputs = [{ from = \"gen\", partition = \"hash\" }]",
+            "inputs = [{ from = \"gen\", partition = \"hash\" }, { from = \"b\", partition = \"hash\" }]"
+        ),
         counter()
     );
     let e = validate_fails(&job, |_| {});
-    assert!(
-        e.contains("cycle") && (e.contains("count -> b -> count") || e.contains("b -> count -> b")),
-        "{e}"
-    );
+    assert!(e.contains("cycle") && (e.contains("count -> b -> count") || e.contains("b -> count -> b")), "{e}");
 }
 
 #[test]
@@ -165,12 +143,7 @@ fn two_input_operator_needs_sides() {
         toml_path(&component("enrich_enricher"))
     );
     let e = validate_fails(&job, |_| {});
-    assert!(
-        e.contains("job.toml:14:")
-            && e.contains("two-input operator")
-            && e.contains("side = \"left\""),
-        "{e}"
-    );
+    assert!(e.contains("job.toml:14:") && e.contains("two-input operator") && e.contains("side = \"left\""), "{e}");
 }
 
 #[test]
@@ -182,34 +155,21 @@ fn unknown_side_output_lists_the_declared_ones() {
         toml_path(&component("test_probe"))
     );
     let e = validate_fails(&job, |_| {});
-    assert!(
-        e.contains("no side output `late`") && e.contains("[side, events]"),
-        "{e}"
-    );
+    assert!(e.contains("no side output `late`") && e.contains("[side, events]"), "{e}");
 }
 
 #[test]
 fn a_text_file_is_not_a_component() {
     let job = good_job().replace(&counter(), "\"bad.wasm\"");
-    let e = validate_fails(&job, |d| {
-        std::fs::write(d.join("bad.wasm"), "hello").unwrap()
-    });
-    assert!(
-        e.contains("operator `count`") && e.contains("bad.wasm") && e.contains("magic bytes"),
-        "{e}"
-    );
+    let e = validate_fails(&job, |d| std::fs::write(d.join("bad.wasm"), "hello").unwrap());
+    assert!(e.contains("operator `count`") && e.contains("bad.wasm") && e.contains("magic bytes"), "{e}");
 }
 
 #[test]
 fn a_core_module_is_not_a_component() {
     let job = good_job().replace(&counter(), "\"core.wasm\"");
-    let e = validate_fails(&job, |d| {
-        std::fs::write(d.join("core.wasm"), b"\0asm\x01\0\0\0").unwrap()
-    });
-    assert!(
-        e.contains("core WebAssembly module") && e.contains("component"),
-        "{e}"
-    );
+    let e = validate_fails(&job, |d| std::fs::write(d.join("core.wasm"), b"\0asm\x01\0\0\0").unwrap());
+    assert!(e.contains("core WebAssembly module") && e.contains("component"), "{e}");
 }
 
 #[test]
@@ -219,20 +179,14 @@ fn a_truncated_component_is_refused() {
         let bytes = std::fs::read(component("wordcount_counter")).unwrap();
         std::fs::write(d.join("cut.wasm"), &bytes[..bytes.len() / 2]).unwrap()
     });
-    assert!(
-        e.contains("operator `count`") && e.contains("not a WebAssembly component"),
-        "{e}"
-    );
+    assert!(e.contains("operator `count`") && e.contains("not a WebAssembly component"), "{e}");
 }
 
 #[test]
 fn a_component_of_another_world_is_refused() {
     let job = good_job().replace(&counter(), &toml_path(&component("test_wrong_world")));
     let e = validate_fails(&job, |_| {});
-    assert!(
-        e.contains("neither world `operator` nor `co-operator`"),
-        "{e}"
-    );
+    assert!(e.contains("neither world `operator` nor `co-operator`"), "{e}");
 }
 
 #[test]
@@ -246,27 +200,15 @@ fn a_failing_guest_fails_the_job_naming_operator_and_subtask() {
         toml_path(&component("test_probe"))
     );
     let e = run_job_in(dir.path(), &job).unwrap_err().to_string();
-    assert!(
-        e.contains("job `boom` failed")
-            && e.contains("probe#0")
-            && e.contains("probe panicked on request"),
-        "{e}"
-    );
+    assert!(e.contains("job `boom` failed") && e.contains("probe#0") && e.contains("probe panicked on request"), "{e}");
     // Nothing is committed by a failed run.
     assert!(crate::support::committed_lines(&dir.path().join("out")).is_empty());
 
     // Through the binary: non-zero exit, same message.
-    let out = weir()
-        .args(["run", "--progress", "0"])
-        .arg(dir.path().join("job.toml"))
-        .output()
-        .unwrap();
+    let out = weir().args(["run", "--progress", "0"]).arg(dir.path().join("job.toml")).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("probe#0") && stderr.contains("probe panicked on request"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("probe#0") && stderr.contains("probe panicked on request"), "{stderr}");
 }
 
 #[test]
@@ -279,8 +221,5 @@ fn an_operator_that_fails_to_open_fails_the_job() {
         toml_path(&component("test_probe"))
     );
     let e = run_job_in(dir.path(), &job).unwrap_err().to_string();
-    assert!(
-        e.contains("p#0") && e.contains("open failed on request"),
-        "{e}"
-    );
+    assert!(e.contains("p#0") && e.contains("open failed on request"), "{e}");
 }

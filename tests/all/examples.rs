@@ -4,9 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::support::{
-    committed_lines, component, guests, root, run_job_in, scratch, toml_path, weir,
-};
+use crate::support::{committed_lines, component, guests, root, run_job_in, scratch, toml_path, weir};
 
 fn expected(example: &str) -> Vec<String> {
     committed_lines(&root().join("examples").join(example).join("expected"))
@@ -25,25 +23,14 @@ fn copy_example(example: &str) -> tempfile::TempDir {
         }
     }
     let job = std::fs::read_to_string(src.join("job.toml")).unwrap();
-    let job = job.replace(
-        "\"../../target/",
-        &format!("\"{}/target/", root().display()),
-    );
+    let job = job.replace("\"../../target/", &format!("\"{}/target/", root().display()));
     std::fs::write(dir.path().join("job.toml"), job).unwrap();
     dir
 }
 
 fn run_binary(job: &Path) -> std::process::Output {
-    let out = weir()
-        .args(["run", "--progress", "0"])
-        .arg(job)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "weir run failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = weir().args(["run", "--progress", "0"]).arg(job).output().unwrap();
+    assert!(out.status.success(), "weir run failed:\n{}", String::from_utf8_lossy(&out.stderr));
     out
 }
 
@@ -51,15 +38,9 @@ fn run_binary(job: &Path) -> std::process::Output {
 fn wordcount_example_writes_expected_output() {
     let dir = copy_example("wordcount");
     let out = run_binary(&dir.path().join("job.toml"));
-    assert_eq!(
-        committed_lines(&dir.path().join("out")),
-        expected("wordcount")
-    );
+    assert_eq!(committed_lines(&dir.path().join("out")), expected("wordcount"));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("count") && stderr.contains("finished"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("count") && stderr.contains("finished"), "{stderr}");
     // Only committed files are visible: no in-progress file is left behind.
     let names: Vec<String> = std::fs::read_dir(dir.path().join("out"))
         .unwrap()
@@ -82,24 +63,12 @@ fn enrich_example_writes_expected_output() {
     assert_eq!(committed_lines(&dir.path().join("out")), expected("enrich"));
 }
 
-fn wordcount_job(
-    input: &Path,
-    extra_sources: usize,
-    tok_p: u32,
-    tok_part: &str,
-    count_p: u32,
-    sink_p: u32,
-) -> String {
+fn wordcount_job(input: &Path, extra_sources: usize, tok_p: u32, tok_part: &str, count_p: u32, sink_p: u32) -> String {
     let mut s = String::from("[job]\nname = \"wc\"\nmax_parallelism = 64\n");
     let mut froms = Vec::new();
     for i in 0..=extra_sources {
-        s += &format!(
-            "[[source]]\nid = \"lines{i}\"\ntype = \"file\"\npath = {}\n",
-            toml_path(input)
-        );
-        froms.push(format!(
-            "{{ from = \"lines{i}\", partition = \"{tok_part}\" }}"
-        ));
+        s += &format!("[[source]]\nid = \"lines{i}\"\ntype = \"file\"\npath = {}\n", toml_path(input));
+        froms.push(format!("{{ from = \"lines{i}\", partition = \"{tok_part}\" }}"));
     }
     s += &format!(
         "[[operator]]\nid = \"tokenize\"\ncomponent = {}\nparallelism = {tok_p}\ninputs = [{}]\n",
@@ -124,10 +93,8 @@ fn scaled_expected(factor: u64) -> Vec<String> {
         let e = max.entry(w.to_string()).or_default();
         *e = (*e).max(n.parse().unwrap());
     }
-    let mut out: Vec<String> = max
-        .iter()
-        .flat_map(|(w, n)| (1..=n * factor).map(move |i| format!("{w} {i}")))
-        .collect();
+    let mut out: Vec<String> =
+        max.iter().flat_map(|(w, n)| (1..=n * factor).map(move |i| format!("{w} {i}"))).collect();
     out.sort();
     out
 }
@@ -137,16 +104,8 @@ fn wordcount_output_is_the_same_at_every_parallelism() {
     let input = root().join("examples/wordcount/input.txt");
     for (tok_p, count_p, sink_p) in [(1, 1, 1), (3, 4, 2), (2, 7, 3)] {
         let dir = scratch();
-        run_job_in(
-            dir.path(),
-            &wordcount_job(&input, 0, tok_p, "rebalance", count_p, sink_p),
-        )
-        .unwrap();
-        assert_eq!(
-            committed_lines(&dir.path().join("out")),
-            expected("wordcount"),
-            "p = {tok_p}/{count_p}/{sink_p}"
-        );
+        run_job_in(dir.path(), &wordcount_job(&input, 0, tok_p, "rebalance", count_p, sink_p)).unwrap();
+        assert_eq!(committed_lines(&dir.path().join("out")), expected("wordcount"), "p = {tok_p}/{count_p}/{sink_p}");
     }
 }
 
@@ -164,16 +123,8 @@ fn broadcast_sends_every_record_to_every_subtask() {
     let dir = scratch();
     let summary = run_job_in(dir.path(), &wordcount_job(&input, 0, 3, "broadcast", 2, 2)).unwrap();
     assert_eq!(committed_lines(&dir.path().join("out")), scaled_expected(3));
-    let tok = summary
-        .nodes
-        .iter()
-        .find(|n| n.id.as_str() == "tokenize")
-        .unwrap();
-    let src = summary
-        .nodes
-        .iter()
-        .find(|n| n.id.as_str() == "lines0")
-        .unwrap();
+    let tok = summary.nodes.iter().find(|n| n.id.as_str() == "tokenize").unwrap();
+    let src = summary.nodes.iter().find(|n| n.id.as_str() == "lines0").unwrap();
     assert_eq!(tok.records_in, 3 * src.records_out);
 }
 
@@ -213,9 +164,7 @@ inputs = [{{ from = "count" }}]
     // key k occurs 100 times: lines "k k 1" .. "k k 100", each exactly once.
     let lines = committed_lines(&dir.path().join("out"));
     assert_eq!(lines.len(), 50_000);
-    let mut want: Vec<String> = (0..500)
-        .flat_map(|k| (1..=100).map(move |i| format!("{k} {k} {i}")))
-        .collect();
+    let mut want: Vec<String> = (0..500).flat_map(|k| (1..=100).map(move |i| format!("{k} {k} {i}"))).collect();
     want.sort();
     assert_eq!(lines, want);
 }
@@ -256,8 +205,5 @@ inputs = [{{ from = "probe" }}]
         events, "timer event a@5\ntimer event b@7\nwatermark 9223372036854775807\nclosed after 3\n",
         "end of stream is watermark +inf: timers fire in time order, then on-watermark, then close"
     );
-    assert_eq!(
-        std::fs::read_to_string(dir.path().join("main/part-0-0")).unwrap(),
-        "a=1\n"
-    );
+    assert_eq!(std::fs::read_to_string(dir.path().join("main/part-0-0")).unwrap(), "a=1\n");
 }

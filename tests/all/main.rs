@@ -5,5 +5,6 @@
 
 mod boundary;
 mod errors;
+mod exactly_once;
 mod examples;
 mod support;

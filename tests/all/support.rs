@@ -11,10 +11,7 @@ use weir::sandbox::engine::new_engine;
 
 /// The repository root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 const GUESTS: &[&str] = &[
@@ -23,6 +20,8 @@ const GUESTS: &[&str] = &[
     "enrich-enricher",
     "test-probe",
     "test-wrong-world",
+    "test-oracle",
+    "test-oracle-join",
 ];
 
 /// Builds every guest component once per test run; returns their directory.
@@ -51,10 +50,7 @@ pub fn component(name: &str) -> PathBuf {
 
 /// A scratch directory.
 pub fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("weir-test-")
-        .tempdir()
-        .unwrap()
+    tempfile::Builder::new().prefix("weir-test-").tempdir().unwrap()
 }
 
 /// Sorted lines of every committed file under `dir` (files whose name starts with `.` are
@@ -91,13 +87,7 @@ pub fn run_job_in(dir: &Path, toml: &str) -> Result<RunSummary, RunError> {
     let graph = job::parse(&path, toml)?;
     let engine = new_engine().unwrap();
     let bound = job::bind::bind(&engine, graph)?;
-    executor::run(
-        &bound,
-        &RunOptions {
-            progress: None,
-            quiet_guests: true,
-        },
-    )
+    executor::run(&bound, &RunOptions { quiet_guests: true, ..Default::default() })
 }
 
 /// The `weir` binary.

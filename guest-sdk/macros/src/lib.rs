@@ -13,9 +13,7 @@ const WIT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit");
 fn expand(ty: TokenStream, world: &str, process: &str) -> TokenStream {
     let ty = ty.to_string();
     if ty.trim().is_empty() {
-        return r#"compile_error!("name the operator type: export_operator!(MyOperator)");"#
-            .parse()
-            .unwrap();
+        return r#"compile_error!("name the operator type: export_operator!(MyOperator)");"#.parse().unwrap();
     }
     let wit = format!("{WIT_DIR:?}");
     let code = format!(
@@ -75,8 +73,7 @@ mod __weir_export {{
 }}
 "#
     );
-    code.parse()
-        .expect("weir-guest-macros generated invalid tokens")
+    code.parse().expect("weir-guest-macros generated invalid tokens")
 }
 
 /// Exports a one-input [`Operator`] type as the component's `operator` world.

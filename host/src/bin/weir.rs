@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+use weir::checkpoint::storage::{self, CheckpointStore};
 use weir::job;
-use weir::runtime::executor::{self, RunOptions, human};
+use weir::runtime::executor::{self, RestoreFrom, RunOptions, human};
 use weir::sandbox::engine::new_engine;
 
 /// Weir runs stream processing jobs whose operators are sandboxed WebAssembly components.
@@ -39,11 +40,38 @@ enum Command {
         /// Do not echo operators' log lines.
         #[arg(long)]
         quiet_guests: bool,
+        /// Resume from a checkpoint: `latest` (newest complete one in the job's checkpoint
+        /// directory; torn or corrupt ones are skipped with a warning) or a `chk-<id>` directory.
+        #[arg(long, value_name = "latest|CHK_DIR")]
+        restore: Option<String>,
+        /// Drop checkpointed state of operators the job no longer has (otherwise an error).
+        #[arg(long)]
+        allow_non_restored_state: bool,
+    },
+    /// List or inspect checkpoints.
+    Checkpoints {
+        #[command(subcommand)]
+        command: CheckpointsCommand,
     },
     /// Check a job file and its components without running it.
     Validate {
         /// The job file.
         job: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckpointsCommand {
+    /// List the checkpoints in DIR (a job's checkpoint directory, or the `[checkpoint] dir`
+    /// holding one directory per job), marking which are complete.
+    List {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// Show a checkpoint's manifest and verify every file's checksum.
+    Inspect {
+        /// A `chk-<id>` directory.
+        chk_dir: PathBuf,
     },
 }
 
@@ -62,9 +90,8 @@ fn real_main(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Validate { job } => {
             let graph = job::load(&job)?;
-            let engine = new_engine()
-                .map_err(|e| anyhow::anyhow!("{e:#}"))
-                .context("starting the WebAssembly engine")?;
+            let engine =
+                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
             let bound = job::bind::bind(&engine, graph)?;
             let g = &bound.graph;
             println!(
@@ -90,15 +117,12 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run {
-            job,
-            progress,
-            quiet_guests,
-        } => {
+        Command::Checkpoints { command: CheckpointsCommand::List { dir } } => list_checkpoints(&dir),
+        Command::Checkpoints { command: CheckpointsCommand::Inspect { chk_dir } } => inspect(&chk_dir),
+        Command::Run { job, progress, quiet_guests, restore, allow_non_restored_state } => {
             let graph = job::load(&job)?;
-            let engine = new_engine()
-                .map_err(|e| anyhow::anyhow!("{e:#}"))
-                .context("starting the WebAssembly engine")?;
+            let engine =
+                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
             let bound = job::bind::bind(&engine, graph)?;
             eprintln!(
                 "running job `{}` ({} subtasks)",
@@ -108,10 +132,20 @@ fn real_main(cli: Cli) -> Result<()> {
             let opts = RunOptions {
                 progress: (progress > 0.0).then(|| Duration::from_secs_f64(progress)),
                 quiet_guests,
+                restore: restore.map(|r| if r == "latest" { RestoreFrom::Latest } else { RestoreFrom::Path(r.into()) }),
+                allow_non_restored_state,
+                faults: None,
             };
             let summary = executor::run(&bound, &opts)?;
             let secs = summary.elapsed.as_secs_f64().max(1e-9);
-            eprintln!("job `{}` finished in {:.2}s", bound.graph.name, secs);
+            eprintln!(
+                "job `{}` finished in {:.2}s ({} attempt(s), {} checkpoint(s){})",
+                bound.graph.name,
+                secs,
+                summary.attempts,
+                summary.checkpoints,
+                summary.restored_from.map(|c| format!(", restored from checkpoint {c}")).unwrap_or_default()
+            );
             for n in &summary.nodes {
                 eprintln!(
                     "  {:<16} in {:>12} ({:>8}/s)  out {:>12} ({:>8}/s)",
@@ -125,4 +159,94 @@ fn real_main(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn list_checkpoints(dir: &std::path::Path) -> Result<()> {
+    anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    let has_chk = |d: &std::path::Path| {
+        std::fs::read_dir(d)
+            .map(|r| r.flatten().any(|e| e.file_name().to_string_lossy().starts_with("chk-")))
+            .unwrap_or(false)
+    };
+    let mut roots = Vec::new();
+    if has_chk(dir) {
+        roots.push(dir.to_path_buf());
+    } else {
+        for e in std::fs::read_dir(dir)?.flatten() {
+            if e.path().is_dir() && has_chk(&e.path()) {
+                roots.push(e.path());
+            }
+        }
+        roots.sort();
+    }
+    anyhow::ensure!(!roots.is_empty(), "no checkpoints (chk-<id> directories) under {}", dir.display());
+    for root in roots {
+        println!("{}:", root.display());
+        for l in CheckpointStore::at(&root).list() {
+            match &l.status {
+                Ok(m) => println!(
+                    "  chk-{:<6} complete{}  {} operators  {:>10} bytes  {:.1} ms",
+                    l.id,
+                    if m.finished { " (final)" } else { "" },
+                    m.operators.len(),
+                    m.metrics.bytes,
+                    m.metrics.duration_ms
+                ),
+                Err(e) => println!("  chk-{:<6} UNUSABLE: {e}", l.id),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn inspect(dir: &std::path::Path) -> Result<()> {
+    let c = storage::load(dir)?;
+    let m = &c.manifest;
+    println!("checkpoint {} of job `{}` ({})", m.checkpoint_id, m.job, dir.display());
+    println!("  format version {}, max_parallelism {}, finished: {}", m.format_version, m.max_parallelism, m.finished);
+    println!(
+        "  took {:.1} ms: sync max {:.2} ms, async max {:.2} ms, alignment max {:.2} ms, {} bytes",
+        m.metrics.duration_ms,
+        m.metrics.sync_ms_max,
+        m.metrics.async_ms_max,
+        m.metrics.alignment_ms_max,
+        m.metrics.bytes
+    );
+    for op in &m.operators {
+        let comp = op
+            .component
+            .as_ref()
+            .map(|c| format!(" {} {} (state schema {})", c.name, c.version, c.schema_version))
+            .unwrap_or_default();
+        println!("  {} `{}` x{}{}", op.kind, op.uid, op.parallelism, comp);
+        for s in &op.subtasks {
+            let st = &c.states[&(op.uid.clone(), s.index)];
+            let mut what = Vec::new();
+            if !st.keyed.is_empty() {
+                let timers: usize = st.keyed.iter().map(|k| k.event_timers.len() + k.processing_timers.len()).sum();
+                what.push(format!("{} key groups, {} timers", st.keyed.len(), timers));
+            }
+            if !st.operator_state.is_empty() {
+                what.push(format!("{} bytes operator state", st.operator_state.len()));
+            }
+            if let Some(p) = &st.source {
+                what.push(format!("position {p:?}"));
+            }
+            if let Some(k) = &st.sink {
+                what.push(format!("next part {}, pending {:?}", k.next_part, k.pending));
+            }
+            println!(
+                "    #{} key groups [{}, {})  {}  {} bytes  crc32 {:08x} ok  {}",
+                s.index,
+                s.key_groups.0,
+                s.key_groups.1,
+                s.file,
+                s.bytes,
+                s.crc32,
+                what.join("; ")
+            );
+        }
+    }
+    println!("all {} state files verified", c.states.len());
+    Ok(())
 }

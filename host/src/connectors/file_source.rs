@@ -4,7 +4,7 @@
 //! byte offset and line number of the next line, so it can rewind.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::Path;
 
 use crate::record::RecordRef;
@@ -31,12 +31,7 @@ pub enum FileSourceError {
 
 impl FileSource {
     /// Opens `path` for subtask `subtask` of `parallelism`.
-    pub fn open(
-        path: &Path,
-        subtask: u32,
-        parallelism: u32,
-        key_column: Option<u32>,
-    ) -> std::io::Result<Self> {
+    pub fn open(path: &Path, subtask: u32, parallelism: u32, key_column: Option<u32>) -> std::io::Result<Self> {
         Ok(FileSource {
             reader: BufReader::with_capacity(256 * 1024, File::open(path)?),
             line: Vec::new(),
@@ -48,9 +43,17 @@ impl FileSource {
         })
     }
 
-    /// Byte offset of the next line.
-    pub fn position(&self) -> u64 {
-        self.offset
+    /// Byte offset and number of the next line.
+    pub fn position(&self) -> (u64, u64) {
+        (self.offset, self.line_no)
+    }
+
+    /// Rewinds to a position taken with [`FileSource::position`].
+    pub fn seek(&mut self, offset: u64, line: u64) -> std::io::Result<()> {
+        self.reader.seek(SeekFrom::Start(offset))?;
+        self.offset = offset;
+        self.line_no = line;
+        Ok(())
     }
 
     /// Emits up to `max` lines; returns how many (0 at end of file).
@@ -58,10 +61,7 @@ impl FileSource {
         let mut n = 0;
         while n < max {
             self.line.clear();
-            let read = self
-                .reader
-                .read_until(b'\n', &mut self.line)
-                .map_err(FileSourceError::Io)?;
+            let read = self.reader.read_until(b'\n', &mut self.line).map_err(FileSourceError::Io)?;
             if read == 0 {
                 break;
             }
@@ -82,13 +82,8 @@ impl FileSource {
                 None => &[][..],
                 Some(c) => text.split(|&b| b == b',').nth(c as usize).unwrap_or(&[]),
             };
-            out.emit(RecordRef {
-                tag: 0,
-                timestamp: no as i64,
-                key,
-                value: text,
-            })
-            .map_err(FileSourceError::Disconnected)?;
+            out.emit(RecordRef { tag: 0, timestamp: no as i64, key, value: text })
+                .map_err(FileSourceError::Disconnected)?;
             n += 1;
         }
         Ok(n)

@@ -49,11 +49,19 @@ impl Generator {
         self.next
     }
 
+    /// Rewinds (or forwards) to a position taken with [`Generator::position`].
+    pub fn seek(&mut self, next: u64) {
+        self.next = next;
+    }
+
     /// Emits up to `max` records; returns how many (0 = exhausted).
     pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<u32, Disconnected> {
         if let Some(rate) = self.cfg.rate {
             let due = self.started + Duration::from_secs_f64(self.emitted as f64 / rate as f64);
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                // About to idle: send what is buffered first, so throttling never adds
+                // batching latency.
+                out.flush()?;
                 std::thread::sleep(wait);
             }
         }
@@ -74,12 +82,7 @@ impl Generator {
                     }
                 }
             }
-            let rec = crate::record::RecordRef {
-                tag: 0,
-                timestamp: i as i64,
-                key: &self.key,
-                value: &self.value,
-            };
+            let rec = crate::record::RecordRef { tag: 0, timestamp: i as i64, key: &self.key, value: &self.value };
             out.emit(rec)?;
             self.next += self.step;
             n += 1;

@@ -7,8 +7,10 @@
 
 use std::path::PathBuf;
 
+use crate::checkpoint::coordinator::CheckpointSettings;
 use crate::graph::partition::Partition;
 use crate::ids::NodeId;
+use crate::runtime::restart::RestartStrategy;
 
 /// A validated job.
 #[derive(Debug, Clone)]
@@ -27,6 +29,19 @@ pub struct JobGraph {
     pub nodes: Vec<Node>,
     /// Edges.
     pub edges: Vec<Edge>,
+    /// Checkpointing (`None`: off).
+    pub checkpoint: Option<CheckpointConfig>,
+    /// What to do after a failure.
+    pub restart: RestartStrategy,
+}
+
+/// `[checkpoint]`, validated.
+#[derive(Debug, Clone)]
+pub struct CheckpointConfig {
+    /// Absolute directory holding `<job>/chk-<id>`.
+    pub dir: PathBuf,
+    /// Trigger, timeout and retention settings.
+    pub settings: CheckpointSettings,
 }
 
 impl JobGraph {

@@ -67,22 +67,14 @@ impl Selector {
     /// A selector over `targets` downstream channels (1 for forward). `start` spreads
     /// round-robin of different upstream subtasks.
     pub fn new(partition: Partition, targets: usize, max_parallelism: u32, start: usize) -> Self {
-        Selector {
-            partition,
-            targets,
-            max_parallelism,
-            next: start % targets.max(1),
-        }
+        Selector { partition, targets, max_parallelism, next: start % targets.max(1) }
     }
 
     /// Where the record with `key` goes.
     #[inline]
     pub fn select(&mut self, key: &[u8]) -> Target {
         match self.partition {
-            Partition::Forward => Target::One {
-                index: 0,
-                tag: crate::record::NO_KEY_GROUP,
-            },
+            Partition::Forward => Target::One { index: 0, tag: crate::record::NO_KEY_GROUP },
             Partition::Broadcast => Target::All,
             Partition::Rebalance => {
                 let index = self.next;
@@ -90,10 +82,7 @@ impl Selector {
                 if self.next == self.targets {
                     self.next = 0;
                 }
-                Target::One {
-                    index,
-                    tag: crate::record::NO_KEY_GROUP,
-                }
+                Target::One { index, tag: crate::record::NO_KEY_GROUP }
             }
             Partition::Hash => {
                 let kg = key_group(key, self.max_parallelism);
@@ -124,14 +113,8 @@ mod tests {
 
     #[test]
     fn broadcast_and_forward() {
-        assert_eq!(
-            Selector::new(Partition::Broadcast, 4, 128, 0).select(b"k"),
-            Target::All
-        );
-        assert!(matches!(
-            Selector::new(Partition::Forward, 1, 128, 0).select(b"k"),
-            Target::One { index: 0, .. }
-        ));
+        assert_eq!(Selector::new(Partition::Broadcast, 4, 128, 0).select(b"k"), Target::All);
+        assert!(matches!(Selector::new(Partition::Forward, 1, 128, 0).select(b"k"), Target::One { index: 0, .. }));
     }
 
     proptest! {

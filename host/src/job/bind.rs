@@ -29,11 +29,7 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
             components.insert(i, Arc::new(c));
         }
     }
-    let err = |line: usize, message: String| JobError {
-        file: graph.file.clone(),
-        line: Some(line),
-        message,
-    };
+    let err = |line: usize, message: String| JobError { file: graph.file.clone(), line: Some(line), message };
     for (&i, c) in &components {
         let node = &graph.nodes[i];
         let info = &c.info;
@@ -49,22 +45,28 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
             }
             for (side, name) in [(Side::Left, "left"), (Side::Right, "right")] {
                 if !inputs.iter().any(|e| e.side == side) {
-                    return Err(err(node.line, format!("two-input operator `{}` has no {name} input; add one with `side = \"{name}\"`", node.id)).into());
+                    return Err(err(
+                        node.line,
+                        format!(
+                            "two-input operator `{}` has no {name} input; add one with `side = \"{name}\"`",
+                            node.id
+                        ),
+                    )
+                    .into());
                 }
             }
         } else if let Some(e) = inputs.iter().find(|e| e.side_given) {
-            return Err(err(e.line, format!(
-                "`{}` is a one-input operator ({} {}); remove `side` from its inputs (several inputs are a union)",
-                node.id, info.name, info.version
-            )).into());
+            return Err(err(
+                e.line,
+                format!(
+                    "`{}` is a one-input operator ({} {}); remove `side` from its inputs (several inputs are a union)",
+                    node.id, info.name, info.version
+                ),
+            )
+            .into());
         }
         if info.has_keyed_state() {
-            let states: Vec<&str> = info
-                .states
-                .iter()
-                .filter(|s| s.2)
-                .map(|s| s.0.as_str())
-                .collect();
+            let states: Vec<&str> = info.states.iter().filter(|s| s.2).map(|s| s.0.as_str()).collect();
             for e in &inputs {
                 if e.partition != Partition::Hash {
                     return Err(err(e.line, format!(

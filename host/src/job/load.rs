@@ -9,13 +9,15 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use toml::Spanned;
 
+use crate::checkpoint::coordinator::CheckpointSettings;
 use crate::graph::logical::{
-    Edge, GeneratorConfig, JobGraph, Node, NodeKind, OperatorNode, Side, SinkFormat, SinkKind,
+    CheckpointConfig, Edge, GeneratorConfig, JobGraph, Node, NodeKind, OperatorNode, Side, SinkFormat, SinkKind,
     SourceKind,
 };
 use crate::graph::partition::Partition;
 use crate::ids::NodeId;
 use crate::job::spec::{InputSpec, JobSpec};
+use crate::runtime::restart::RestartStrategy;
 
 /// Largest supported `max_parallelism` (key groups).
 pub const MAX_KEY_GROUPS: u32 = 32_768;
@@ -43,20 +45,11 @@ impl Ctx<'_> {
         if span.start == 0 && span.end == 0 {
             return None;
         }
-        Some(
-            self.src[..span.start.min(self.src.len())]
-                .matches('\n')
-                .count()
-                + 1,
-        )
+        Some(self.src[..span.start.min(self.src.len())].matches('\n').count() + 1)
     }
 
     fn err<T>(&self, span: Range<usize>, message: impl Into<String>) -> Result<T, JobError> {
-        Err(JobError {
-            file: self.file.to_path_buf(),
-            line: self.line(span),
-            message: message.into(),
-        })
+        Err(JobError { file: self.file.to_path_buf(), line: self.line(span), message: message.into() })
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -76,39 +69,18 @@ pub fn load(path: &Path) -> Result<JobGraph, JobError> {
 
 /// Validates job file text `src` as if read from `path` (paths resolve against its directory).
 pub fn parse(path: &Path, src: &str) -> Result<JobGraph, JobError> {
-    let dir = path.parent().map(|p| {
-        if p.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            p
-        }
-    });
+    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     let dir = dir.unwrap_or(Path::new("."));
-    let cx = Ctx {
-        file: path,
-        dir,
-        src,
-    };
+    let cx = Ctx { file: path, dir, src };
     let spec: JobSpec = toml::from_str(src).map_err(|e| JobError {
         file: path.to_path_buf(),
-        line: e
-            .span()
-            .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1),
-        message: format!(
-            "{}\n  (see the job file reference in README.md)",
-            e.message().trim_end()
-        ),
+        line: e.span().map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1),
+        message: format!("{}\n  (see the job file reference in README.md)", e.message().trim_end()),
     })?;
     build(&cx, spec)
 }
 
-fn parallelism(
-    cx: &Ctx,
-    p: &Option<Spanned<u32>>,
-    default: u32,
-    max: u32,
-    id: &str,
-) -> Result<u32, JobError> {
+fn parallelism(cx: &Ctx, p: &Option<Spanned<u32>>, default: u32, max: u32, id: &str) -> Result<u32, JobError> {
     let Some(p) = p else { return Ok(default) };
     let v = *p.get_ref();
     if v == 0 {
@@ -135,11 +107,7 @@ fn config_string(v: &toml::Value) -> String {
 
 fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
     let name = spec.job.name.get_ref().trim().to_string();
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
         return cx.err(
             spec.job.name.span(),
             format!("[job] name `{name}` must be non-empty ASCII letters, digits, `-` or `_` (it names directories)"),
@@ -172,22 +140,15 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
     let mut seen: HashMap<String, Range<usize>> = HashMap::new();
     let mut add_id = |cx: &Ctx, id: &Spanned<String>| -> Result<NodeId, JobError> {
         let s = id.get_ref();
-        if s.is_empty()
-            || !s
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return cx.err(
-                id.span(),
-                format!("id `{s}` must be ASCII letters, digits, `-` or `_`"),
-            );
+        if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return cx.err(id.span(), format!("id `{s}` must be ASCII letters, digits, `-` or `_`"));
         }
         if let Some(prev) = seen.get(s) {
-            let prev_line = cx
-                .line(prev.clone())
-                .map(|l| format!(" (first defined on line {l})"))
-                .unwrap_or_default();
-            return cx.err(id.span(), format!("duplicate id `{s}`{prev_line}; every source, operator and sink needs its own id"));
+            let prev_line = cx.line(prev.clone()).map(|l| format!(" (first defined on line {l})")).unwrap_or_default();
+            return cx.err(
+                id.span(),
+                format!("duplicate id `{s}`{prev_line}; every source, operator and sink needs its own id"),
+            );
         }
         seen.insert(s.clone(), id.span());
         Ok(NodeId::new(s))
@@ -200,39 +161,23 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         let kind = match s.kind.get_ref().as_str() {
             "file" => {
                 let Some(path) = &s.path else {
-                    return cx.err(
-                        s.id.span(),
-                        format!("file source `{id}` needs `path = \"<input file>\"`"),
-                    );
+                    return cx.err(s.id.span(), format!("file source `{id}` needs `path = \"<input file>\"`"));
                 };
                 let full = cx.path(path.get_ref());
                 if !full.is_file() {
-                    return cx.err(
-                        path.span(),
-                        format!(
-                            "file source `{id}`: input file {} does not exist",
-                            full.display()
-                        ),
-                    );
+                    return cx
+                        .err(path.span(), format!("file source `{id}`: input file {} does not exist", full.display()));
                 }
-                SourceKind::File {
-                    path: full,
-                    key_column: s.key_column.as_ref().map(|k| *k.get_ref()),
-                }
+                SourceKind::File { path: full, key_column: s.key_column.as_ref().map(|k| *k.get_ref()) }
             }
             "generator" => {
                 let Some(count) = &s.count else {
-                    return cx.err(
-                        s.id.span(),
-                        format!("generator source `{id}` needs `count = <records>`"),
-                    );
+                    return cx.err(s.id.span(), format!("generator source `{id}` needs `count = <records>`"));
                 };
                 let keys = s.keys.as_ref().map(|k| *k.get_ref()).unwrap_or(1000);
                 if keys == 0 {
-                    return cx.err(
-                        s.keys.as_ref().unwrap().span(),
-                        format!("generator `{id}`: keys must be at least 1"),
-                    );
+                    return cx
+                        .err(s.keys.as_ref().unwrap().span(), format!("generator `{id}`: keys must be at least 1"));
                 }
                 SourceKind::Generator(GeneratorConfig {
                     count: *count.get_ref(),
@@ -243,18 +188,11 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 })
             }
             other => {
-                return cx.err(
-                    s.kind.span(),
-                    format!("source `{id}`: unknown type `{other}`; use `file` or `generator`"),
-                );
+                return cx
+                    .err(s.kind.span(), format!("source `{id}`: unknown type `{other}`; use `file` or `generator`"));
             }
         };
-        nodes.push(Node {
-            id,
-            parallelism: p,
-            kind: NodeKind::Source(kind),
-            line,
-        });
+        nodes.push(Node { id, parallelism: p, kind: NodeKind::Source(kind), line });
     }
     for o in &spec.operator {
         let id = add_id(cx, &o.id)?;
@@ -271,18 +209,9 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 ),
             );
         }
-        let config = o
-            .config
-            .iter()
-            .map(|(k, v)| (k.clone(), config_string(v)))
-            .collect();
+        let config = o.config.iter().map(|(k, v)| (k.clone(), config_string(v))).collect();
         let line = cx.line(o.id.span()).unwrap_or(0);
-        nodes.push(Node {
-            id,
-            parallelism: p,
-            kind: NodeKind::Operator(OperatorNode { component, config }),
-            line,
-        });
+        nodes.push(Node { id, parallelism: p, kind: NodeKind::Operator(OperatorNode { component, config }), line });
     }
     for s in &spec.sink {
         let id = add_id(cx, &s.id)?;
@@ -300,57 +229,34 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         let kind = match s.kind.get_ref().as_str() {
             "file" => {
                 let Some(path) = &s.path else {
-                    return cx.err(
-                        s.id.span(),
-                        format!("file sink `{id}` needs `path = \"<output directory>\"`"),
-                    );
+                    return cx.err(s.id.span(), format!("file sink `{id}` needs `path = \"<output directory>\"`"));
                 };
-                SinkKind::File {
-                    path: cx.path(path.get_ref()),
-                    format,
-                }
+                SinkKind::File { path: cx.path(path.get_ref()), format }
             }
             "stdout" => SinkKind::Stdout { format },
             "blackhole" => SinkKind::Blackhole,
             other => {
                 return cx.err(
                     s.kind.span(),
-                    format!(
-                        "sink `{id}`: unknown type `{other}`; use `file`, `stdout` or `blackhole`"
-                    ),
+                    format!("sink `{id}`: unknown type `{other}`; use `file`, `stdout` or `blackhole`"),
                 );
             }
         };
         let line = cx.line(s.id.span()).unwrap_or(0);
-        nodes.push(Node {
-            id,
-            parallelism: p,
-            kind: NodeKind::Sink(kind),
-            line,
-        });
+        nodes.push(Node { id, parallelism: p, kind: NodeKind::Sink(kind), line });
     }
 
-    let index: BTreeMap<String, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.id.to_string(), i))
-        .collect();
+    let index: BTreeMap<String, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.to_string(), i)).collect();
     let known = || index.keys().cloned().collect::<Vec<_>>().join(", ");
     let mut edges = Vec::new();
-    let consumers = spec
-        .operator
-        .iter()
-        .map(|o| (&o.id, &o.inputs))
-        .chain(spec.sink.iter().map(|s| (&s.id, &s.inputs)));
+    let consumers =
+        spec.operator.iter().map(|o| (&o.id, &o.inputs)).chain(spec.sink.iter().map(|s| (&s.id, &s.inputs)));
     for (to_id, inputs) in consumers {
         let to = index[to_id.get_ref()];
         if inputs.is_empty() {
             return cx.err(
                 to_id.span(),
-                format!(
-                    "`{}` has no inputs; add `inputs = [{{ from = \"<id>\" }}]`",
-                    to_id.get_ref()
-                ),
+                format!("`{}` has no inputs; add `inputs = [{{ from = \"<id>\" }}]`", to_id.get_ref()),
             );
         }
         for input in inputs {
@@ -370,6 +276,51 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             });
         }
     }
+    let checkpoint = match &spec.checkpoint {
+        Some(c) if *c.interval_ms.get_ref() > 0 => {
+            let d = CheckpointSettings::default();
+            let positive = |v: &Option<Spanned<u32>>, name: &str, default: usize| -> Result<usize, JobError> {
+                match v {
+                    Some(x) if *x.get_ref() == 0 => cx.err(x.span(), format!("[checkpoint] {name} must be at least 1")),
+                    Some(x) => Ok(*x.get_ref() as usize),
+                    None => Ok(default),
+                }
+            };
+            Some(CheckpointConfig {
+                dir: cx.path(c.dir.as_ref().map(|d| d.get_ref().as_str()).unwrap_or("checkpoints")),
+                settings: CheckpointSettings {
+                    interval_ms: *c.interval_ms.get_ref(),
+                    timeout_ms: c.timeout_ms.unwrap_or(d.timeout_ms),
+                    min_pause_ms: c.min_pause_ms.unwrap_or(d.min_pause_ms),
+                    max_concurrent: positive(&c.max_concurrent, "max_concurrent", d.max_concurrent)?,
+                    retained: positive(&c.retained, "retained", d.retained)?,
+                },
+            })
+        }
+        _ => None,
+    };
+    let restart = match &spec.restart {
+        None if checkpoint.is_some() => RestartStrategy::FixedDelay { attempts: 3, delay_ms: 1000 },
+        None => RestartStrategy::None,
+        Some(r) => match r.strategy.get_ref().as_str() {
+            "none" => RestartStrategy::None,
+            "fixed-delay" => {
+                RestartStrategy::FixedDelay { attempts: r.attempts.unwrap_or(3), delay_ms: r.delay_ms.unwrap_or(1000) }
+            }
+            "exponential-backoff" => RestartStrategy::ExponentialBackoff {
+                attempts: r.attempts.unwrap_or(10),
+                initial_ms: r.delay_ms.unwrap_or(100),
+                max_ms: r.max_delay_ms.unwrap_or(60_000),
+                multiplier: r.multiplier.unwrap_or(2.0).max(1.0),
+            },
+            other => {
+                return cx.err(
+                    r.strategy.span(),
+                    format!("[restart] unknown strategy `{other}`; use `none`, `fixed-delay` or `exponential-backoff`"),
+                );
+            }
+        },
+    };
     Ok(JobGraph {
         name,
         file: cx.file.to_path_buf(),
@@ -378,6 +329,8 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         channel_capacity,
         nodes,
         edges,
+        checkpoint,
+        restart,
     })
 }
 
@@ -394,24 +347,20 @@ fn edge(
     let Some(&from) = index.get(from_name) else {
         return cx.err(
             input.from.span(),
-            format!("`{}` reads from unknown id `{from_name}`; inputs must name a source or operator (known ids: {})", to_node.id, known()),
+            format!(
+                "`{}` reads from unknown id `{from_name}`; inputs must name a source or operator (known ids: {})",
+                to_node.id,
+                known()
+            ),
         );
     };
     let from_node = &nodes[from];
     if matches!(from_node.kind, NodeKind::Sink(_)) {
-        return cx.err(
-            input.from.span(),
-            format!(
-                "`{}` reads from sink `{from_name}`; sinks have no output",
-                to_node.id
-            ),
-        );
+        return cx
+            .err(input.from.span(), format!("`{}` reads from sink `{from_name}`; sinks have no output", to_node.id));
     }
     if from == to {
-        return cx.err(
-            input.from.span(),
-            format!("`{}` reads from itself", to_node.id),
-        );
+        return cx.err(input.from.span(), format!("`{}` reads from itself", to_node.id));
     }
     let partition = match &input.partition {
         None if from_node.parallelism == to_node.parallelism => Partition::Forward,
@@ -420,21 +369,14 @@ fn edge(
             || {
                 cx.err(
                     p.span(),
-                    format!(
-                        "unknown partition `{}`; use forward, hash, broadcast or rebalance",
-                        p.get_ref()
-                    ),
+                    format!("unknown partition `{}`; use forward, hash, broadcast or rebalance", p.get_ref()),
                 )
             },
             Ok,
         )?,
     };
     if partition == Partition::Forward && from_node.parallelism != to_node.parallelism {
-        let span = input
-            .partition
-            .as_ref()
-            .map(|p| p.span())
-            .unwrap_or(input.from.span());
+        let span = input.partition.as_ref().map(|p| p.span()).unwrap_or(input.from.span());
         return cx.err(
             span,
             format!(
@@ -447,31 +389,20 @@ fn edge(
         None | Some("left") => Side::Left,
         Some("right") => Side::Right,
         Some(other) => {
-            return cx.err(
-                input.side.as_ref().unwrap().span(),
-                format!("unknown side `{other}`; use `left` or `right`"),
-            );
+            return cx
+                .err(input.side.as_ref().unwrap().span(), format!("unknown side `{other}`; use `left` or `right`"));
         }
     };
     if let Some(side) = &input.side
         && !matches!(to_node.kind, NodeKind::Operator(_))
     {
-        return cx.err(
-            side.span(),
-            format!(
-                "`side` applies to two-input operators, not to `{}`",
-                to_node.id
-            ),
-        );
+        return cx.err(side.span(), format!("`side` applies to two-input operators, not to `{}`", to_node.id));
     }
     let output = input.output.as_ref().map(|o| o.get_ref().clone());
     if let Some(o) = &input.output
         && !matches!(from_node.kind, NodeKind::Operator(_))
     {
-        return cx.err(
-            o.span(),
-            format!("`output` names a side output of an operator; `{from_name}` is not one"),
-        );
+        return cx.err(o.span(), format!("`output` names a side output of an operator; `{from_name}` is not one"));
     }
     Ok(Edge {
         from,
@@ -509,10 +440,7 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
                     }
                     1 => {
                         let start = path.iter().position(|&x| x == e.to).unwrap();
-                        let mut names: Vec<String> = path[start..]
-                            .iter()
-                            .map(|&i| nodes[i].id.to_string())
-                            .collect();
+                        let mut names: Vec<String> = path[start..].iter().map(|&i| nodes[i].id.to_string()).collect();
                         names.push(nodes[e.to].id.to_string());
                         return Err(JobError {
                             file: cx.file.to_path_buf(),

@@ -14,7 +14,10 @@ pub struct JobSpec {
     pub job: JobSection,
     /// `[checkpoint]`
     #[serde(default)]
-    pub checkpoint: Option<toml::Value>,
+    pub checkpoint: Option<CheckpointSpec>,
+    /// `[restart]`
+    #[serde(default)]
+    pub restart: Option<RestartSpec>,
     /// `[[source]]`
     #[serde(default)]
     pub source: Vec<SourceSpec>,
@@ -142,4 +145,47 @@ pub struct InputSpec {
     /// A side output of the upstream operator instead of its main output.
     #[serde(default)]
     pub output: Option<Spanned<String>>,
+}
+
+/// `[checkpoint]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Trigger interval; 0 turns checkpointing off.
+    pub interval_ms: Spanned<u64>,
+    /// Directory for checkpoints, relative to the job file (`<dir>/<job>/chk-<id>`).
+    #[serde(default)]
+    pub dir: Option<Spanned<String>>,
+    /// Abort a checkpoint not complete within this time.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Minimum pause between the end of one checkpoint and the next trigger.
+    #[serde(default)]
+    pub min_pause_ms: Option<u64>,
+    /// Checkpoints in flight at once.
+    #[serde(default)]
+    pub max_concurrent: Option<Spanned<u32>>,
+    /// Completed checkpoints kept.
+    #[serde(default)]
+    pub retained: Option<Spanned<u32>>,
+}
+
+/// `[restart]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartSpec {
+    /// `none`, `fixed-delay` or `exponential-backoff`.
+    pub strategy: Spanned<String>,
+    /// Restarts allowed before the job fails.
+    #[serde(default)]
+    pub attempts: Option<u32>,
+    /// fixed-delay: delay; exponential-backoff: first delay.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// exponential-backoff: upper bound.
+    #[serde(default)]
+    pub max_delay_ms: Option<u64>,
+    /// exponential-backoff: growth factor.
+    #[serde(default)]
+    pub multiplier: Option<f64>,
 }

@@ -51,10 +51,7 @@ pub enum TaskFailure {
 impl TaskFailure {
     /// A consequence of another failure rather than a root cause.
     pub fn is_secondary(&self) -> bool {
-        matches!(
-            self,
-            TaskFailure::Disconnected { .. } | TaskFailure::Cancelled { .. }
-        )
+        matches!(self, TaskFailure::Disconnected { .. } | TaskFailure::Cancelled { .. })
     }
 }
 
@@ -67,11 +64,13 @@ pub enum RunError {
     /// A component cannot be used.
     #[error(transparent)]
     Load(#[from] LoadError),
-    /// A subtask failed.
-    #[error("job `{job}` failed: {cause}")]
+    /// A subtask failed and the restart strategy gave up.
+    #[error("job `{job}` failed after {attempts} attempt(s): {cause}")]
     Failed {
         /// Job name.
         job: String,
+        /// Attempts made.
+        attempts: u32,
         /// The root cause.
         cause: TaskFailure,
     },

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Select};
 
+use crate::checkpoint::alignment::Aligner;
+use crate::checkpoint::control::Control;
 use crate::graph::logical::Side;
 use crate::runtime::message::Message;
 
@@ -24,12 +26,7 @@ pub struct InputChannel {
 impl InputChannel {
     /// Wraps a receiver.
     pub fn new(rx: Receiver<Message>, side: Side) -> Self {
-        InputChannel {
-            rx,
-            side,
-            watermark: i64::MIN,
-            done: false,
-        }
+        InputChannel { rx, side, watermark: i64::MIN, done: false }
     }
 }
 
@@ -39,6 +36,8 @@ pub enum Received {
     Message(usize, Message),
     /// An upstream dropped its channel without end of stream: it failed.
     Disconnected,
+    /// A message from the checkpoint coordinator.
+    Control(Control),
     /// Nothing arrived within the timeout.
     Idle,
     /// Every input has ended.
@@ -54,10 +53,7 @@ pub struct Inputs {
 impl Inputs {
     /// Reads `channels`.
     pub fn new(channels: Vec<InputChannel>) -> Self {
-        Inputs {
-            channels,
-            watermark: i64::MIN,
-        }
+        Inputs { channels, watermark: i64::MIN }
     }
 
     /// The side of input `index`.
@@ -65,24 +61,46 @@ impl Inputs {
         self.channels[index].side
     }
 
-    /// The next message: without waiting if `wait` is `None`, else up to `wait`.
-    pub fn recv(&mut self, wait: Option<Duration>) -> Received {
-        let open: Vec<usize> = (0..self.channels.len())
-            .filter(|&i| !self.channels[i].done)
-            .collect();
+    /// Number of input channels.
+    pub fn len(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// No input channels.
+    pub fn is_empty(&self) -> bool {
+        self.channels.is_empty()
+    }
+
+    /// The next message from an open input that `aligner` does not park, or from `control`:
+    /// without waiting if `wait` is `None`, else up to `wait`. Parked inputs are not read
+    /// at all, so their records stay queued behind the barrier (and backpressure their
+    /// upstream), as ABS requires.
+    pub fn recv(&mut self, wait: Option<Duration>, aligner: &Aligner, control: Option<&Receiver<Control>>) -> Received {
+        let open: Vec<usize> = (0..self.channels.len()).filter(|&i| !self.channels[i].done).collect();
         if open.is_empty() {
             return Received::AllDone;
         }
+        let readable: Vec<usize> = open.iter().copied().filter(|&i| !aligner.is_parked(i)).collect();
         let mut sel = Select::new();
-        for &i in &open {
+        for &i in &readable {
             sel.recv(&self.channels[i].rx);
+        }
+        if let Some(c) = control {
+            sel.recv(c);
         }
         let op = match wait {
             None => sel.try_select().ok(),
             Some(t) => sel.select_timeout(t).ok(),
         };
         let Some(op) = op else { return Received::Idle };
-        let i = open[op.index()];
+        if op.index() == readable.len() {
+            return match op.recv(control.unwrap()) {
+                Ok(c) => Received::Control(c),
+                // The coordinator is gone: the job is being torn down.
+                Err(_) => Received::Disconnected,
+            };
+        }
+        let i = readable[op.index()];
         match op.recv(&self.channels[i].rx) {
             Ok(m) => Received::Message(i, m),
             Err(_) => Received::Disconnected,
@@ -104,12 +122,7 @@ impl Inputs {
 
     /// Recomputes the subtask watermark (after a watermark or an end of stream).
     pub fn advance(&mut self) -> Option<i64> {
-        let wm = self
-            .channels
-            .iter()
-            .map(|c| if c.done { i64::MAX } else { c.watermark })
-            .min()
-            .unwrap_or(i64::MAX);
+        let wm = self.channels.iter().map(|c| if c.done { i64::MAX } else { c.watermark }).min().unwrap_or(i64::MAX);
         (wm > self.watermark).then(|| {
             self.watermark = wm;
             wm
@@ -125,10 +138,7 @@ mod tests {
     fn watermark_is_the_minimum_and_finished_inputs_do_not_hold_it_back() {
         let (_t1, r1) = crossbeam_channel::bounded(1);
         let (_t2, r2) = crossbeam_channel::bounded(1);
-        let mut inputs = Inputs::new(vec![
-            InputChannel::new(r1, Side::Left),
-            InputChannel::new(r2, Side::Left),
-        ]);
+        let mut inputs = Inputs::new(vec![InputChannel::new(r1, Side::Left), InputChannel::new(r2, Side::Left)]);
         assert_eq!(inputs.on_watermark(0, 10), None, "input 1 is still at -inf");
         assert_eq!(inputs.on_watermark(1, 5), Some(5));
         assert_eq!(inputs.on_watermark(1, 20), Some(10));

@@ -25,9 +25,6 @@ impl NodeMetrics {
     }
     /// (in, out).
     pub fn read(&self) -> (u64, u64) {
-        (
-            self.records_in.load(Ordering::Relaxed),
-            self.records_out.load(Ordering::Relaxed),
-        )
+        (self.records_in.load(Ordering::Relaxed), self.records_out.load(Ordering::Relaxed))
     }
 }

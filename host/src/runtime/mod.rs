@@ -2,10 +2,13 @@
 
 pub mod error;
 pub mod executor;
+pub mod faults;
 pub mod input;
 pub mod message;
 pub mod metrics;
 pub mod output;
+pub mod participant;
+pub mod restart;
 pub mod sink;
 pub mod source;
 pub mod task;

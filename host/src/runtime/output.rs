@@ -32,16 +32,9 @@ impl EdgeOutput {
         max_parallelism: u32,
         start: usize,
     ) -> Self {
-        let pending = (0..targets.len())
-            .map(|_| Batch::with_capacity(16 * 1024))
-            .collect();
+        let pending = (0..targets.len()).map(|_| Batch::with_capacity(16 * 1024)).collect();
         let selector = Selector::new(partition, targets.len(), max_parallelism, start);
-        EdgeOutput {
-            port,
-            selector,
-            targets,
-            pending,
-        }
+        EdgeOutput { port, selector, targets, pending }
     }
 }
 
@@ -57,12 +50,7 @@ pub struct Output {
 impl Output {
     /// Sends batches once they reach `batch_records` records or `batch_bytes` bytes.
     pub fn new(edges: Vec<EdgeOutput>, batch_records: u32, batch_bytes: usize) -> Self {
-        Output {
-            edges,
-            batch_records,
-            batch_bytes,
-            records_out: 0,
-        }
+        Output { edges, batch_records, batch_bytes, records_out: 0 }
     }
 
     /// Routes one record emitted on port `rec.tag`.
@@ -79,23 +67,14 @@ impl Output {
                     let b = &mut e.pending[index];
                     b.push(tag, rec.timestamp, rec.key, rec.value);
                     if b.len() >= limit_n || b.byte_len() >= limit_b {
-                        e.targets[index]
-                            .send(Message::Data(b.take()))
-                            .map_err(|_| Disconnected)?;
+                        e.targets[index].send(Message::Data(b.take())).map_err(|_| Disconnected)?;
                     }
                 }
                 Target::All => {
                     for (i, b) in e.pending.iter_mut().enumerate() {
-                        b.push(
-                            crate::record::NO_KEY_GROUP,
-                            rec.timestamp,
-                            rec.key,
-                            rec.value,
-                        );
+                        b.push(crate::record::NO_KEY_GROUP, rec.timestamp, rec.key, rec.value);
                         if b.len() >= limit_n || b.byte_len() >= limit_b {
-                            e.targets[i]
-                                .send(Message::Data(b.take()))
-                                .map_err(|_| Disconnected)?;
+                            e.targets[i].send(Message::Data(b.take())).map_err(|_| Disconnected)?;
                         }
                     }
                 }
@@ -117,9 +96,7 @@ impl Output {
         for e in &mut self.edges {
             for (i, b) in e.pending.iter_mut().enumerate() {
                 if !b.is_empty() {
-                    e.targets[i]
-                        .send(Message::Data(b.take()))
-                        .map_err(|_| Disconnected)?;
+                    e.targets[i].send(Message::Data(b.take())).map_err(|_| Disconnected)?;
                 }
             }
         }

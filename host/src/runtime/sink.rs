@@ -1,23 +1,29 @@
-//! The sink subtask loop: write every record of every input; commit at the end.
+//! The sink subtask loop: write every record of every input; align barriers; pre-commit at
+//! each checkpoint and commit when it completes (two-phase commit, see
+//! `connectors/file_sink.rs`).
 
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::checkpoint::alignment::{AlignOutcome, Aligner};
+use crate::checkpoint::control::{Control, Timing};
+use crate::checkpoint::snapshot::SubtaskState;
 use crate::connectors::file_sink::{FileSink, write_line};
 use crate::graph::logical::SinkFormat;
-use crate::ids::TaskId;
+use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::participant::Participant;
 
 /// Where a sink subtask writes.
 pub enum SinkWriter {
-    /// Part files.
+    /// Transactional part files.
     File(FileSink),
-    /// Standard output.
+    /// Standard output (not transactional: at-least-once under failures).
     Stdout(SinkFormat),
     /// Nowhere (counts only).
     Blackhole,
@@ -35,50 +41,90 @@ pub struct SinkTask {
     pub metrics: Arc<NodeMetrics>,
     /// Set when the job is being torn down.
     pub cancel: Arc<AtomicBool>,
+    /// Checkpointing links (`None`: checkpointing is off).
+    pub checkpoints: Option<Participant>,
+}
+
+fn io_failure(task: &TaskId, what: &str, e: std::io::Error) -> TaskFailure {
+    TaskFailure::Connector { task: task.clone(), message: format!("{what} failed: {e}") }
 }
 
 impl SinkTask {
-    fn io(&self, e: std::io::Error) -> TaskFailure {
-        TaskFailure::Connector {
-            task: self.id.clone(),
-            message: format!("writing output failed: {e}"),
-        }
+    /// Pre-commits for checkpoint `id`; returns the state to checkpoint.
+    fn precommit(writer: &mut SinkWriter, task: &TaskId, id: CheckpointId) -> Result<SubtaskState, TaskFailure> {
+        let sink = match writer {
+            SinkWriter::File(f) => Some(f.precommit(id).map_err(|e| io_failure(task, "pre-committing output", e))?),
+            _ => None,
+        };
+        Ok(SubtaskState { sink, ..Default::default() })
     }
 
-    /// Runs the sink to the end of its inputs.
+    fn commit(writer: &mut SinkWriter, task: &TaskId, id: CheckpointId) -> Result<(), TaskFailure> {
+        if let SinkWriter::File(f) = writer {
+            f.commit(id).map_err(|e| io_failure(task, "committing output", e))?;
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, id: CheckpointId, align_started: Option<Instant>) -> Result<(), TaskFailure> {
+        let align_ms = align_started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        let t0 = Instant::now();
+        let state = Self::precommit(&mut self.writer, &self.id, id)?;
+        let sync_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if let Some(p) = self.checkpoints.as_mut() {
+            p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
+        }
+        Ok(())
+    }
+
+    /// Runs the sink to the end of its inputs (and, with checkpointing, until the job's final
+    /// checkpoint is complete and committed).
     pub fn run(mut self) -> Result<(), TaskFailure> {
         let stdout = std::io::stdout();
+        let mut aligner = Aligner::new(self.inputs.len());
+        let mut align_started: Option<Instant> = None;
         loop {
-            match self.inputs.recv(Some(Duration::from_millis(50))) {
+            let control = self.checkpoints.as_ref().map(|p| p.control.clone());
+            match self.inputs.recv(Some(Duration::from_millis(50)), &aligner, control.as_ref()) {
                 Received::Idle => {
                     if self.cancel.load(Ordering::Relaxed) {
-                        return Err(TaskFailure::Cancelled {
-                            task: self.id.clone(),
-                        });
+                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
                     }
                 }
-                Received::Disconnected => {
-                    return Err(TaskFailure::Disconnected {
-                        task: self.id.clone(),
-                    });
-                }
+                Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
                 Received::AllDone => break,
+                Received::Control(c) => match c {
+                    Control::Trigger(id) => {
+                        if let Some(p) = self.checkpoints.as_mut() {
+                            p.on_trigger(id)
+                        }
+                    }
+                    Control::Complete(id) => {
+                        if let Some(p) = self.checkpoints.as_mut() {
+                            p.completed += 1
+                        }
+                        Self::commit(&mut self.writer, &self.id, id)?;
+                    }
+                    Control::Abort(id) => {
+                        if aligner.on_cancel(id) {
+                            align_started = None;
+                        }
+                    }
+                    Control::Shutdown => {}
+                },
                 Received::Message(_, Message::Data(batch)) => {
                     self.metrics.add_in(batch.len() as u64);
                     match &mut self.writer {
                         SinkWriter::File(f) => {
                             for r in batch.iter() {
-                                if let Err(e) = f.write(r) {
-                                    return Err(self.io(e));
-                                }
+                                f.write(r).map_err(|e| io_failure(&self.id, "writing output", e))?;
                             }
                         }
                         SinkWriter::Stdout(format) => {
                             let mut lock = stdout.lock();
                             for r in batch.iter() {
-                                if let Err(e) = write_line(&mut lock, *format, r) {
-                                    return Err(self.io(e));
-                                }
+                                write_line(&mut lock, *format, r)
+                                    .map_err(|e| io_failure(&self.id, "writing output", e))?;
                             }
                             let _ = lock.flush();
                         }
@@ -86,12 +132,48 @@ impl SinkTask {
                     }
                 }
                 Received::Message(_, Message::Watermark(_)) => {}
-                Received::Message(i, Message::EndOfStream) => self.inputs.finish(i),
+                Received::Message(i, Message::Barrier(id)) => match aligner.on_barrier(i, id) {
+                    AlignOutcome::Park => {
+                        align_started.get_or_insert_with(Instant::now);
+                    }
+                    AlignOutcome::Aligned(id) => {
+                        let s = align_started.take();
+                        self.checkpoint(id, s)?;
+                    }
+                    AlignOutcome::Superseded { aborted, started, aligned } => {
+                        if let Some(p) = self.checkpoints.as_mut() {
+                            p.decline(aborted, format!("barrier {started} arrived while aligning {aborted}"));
+                        }
+                        align_started = Some(Instant::now());
+                        if aligned {
+                            let s = align_started.take();
+                            self.checkpoint(started, s)?;
+                        }
+                    }
+                    AlignOutcome::Obsolete | AlignOutcome::Continue => {}
+                },
+                Received::Message(i, Message::EndOfStream) => {
+                    self.inputs.finish(i);
+                    if let AlignOutcome::Aligned(id) = aligner.on_end_of_stream(i) {
+                        let s = align_started.take();
+                        self.checkpoint(id, s)?;
+                    }
+                }
             }
         }
-        if let SinkWriter::File(f) = std::mem::replace(&mut self.writer, SinkWriter::Blackhole) {
-            f.commit().map_err(|e| self.io(e))?;
-        }
-        Ok(())
+        let Some(mut p) = self.checkpoints.take() else {
+            if let SinkWriter::File(f) = &mut self.writer {
+                f.commit_at_end().map_err(|e| io_failure(&self.id, "committing output", e))?;
+            }
+            return Ok(());
+        };
+        let (id, cancel) = (self.id.clone(), self.cancel.clone());
+        let writer = std::cell::RefCell::new(&mut self.writer);
+        p.finish(
+            &id,
+            &cancel,
+            |c| Self::precommit(&mut writer.borrow_mut(), &id, c),
+            |c| Self::commit(&mut writer.borrow_mut(), &id, c),
+        )
     }
 }

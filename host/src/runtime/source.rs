@@ -1,9 +1,14 @@
-//! The source subtask loop: read a batch from the connector, route it, repeat; then end of
-//! stream on every output.
+//! The source subtask loop: read a batch from the connector, route it, repeat; between
+//! batches, answer checkpoint triggers by recording the position and injecting the barrier.
+//!
+//! Invariant: the recorded position is exactly the first record after the barrier, so a
+//! restore rewinds to it and nothing is skipped or read twice.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::checkpoint::control::{Control, Timing};
+use crate::checkpoint::snapshot::{SourcePosition, SubtaskState};
 use crate::connectors::file_source::{FileSource, FileSourceError};
 use crate::connectors::generator::Generator;
 use crate::ids::TaskId;
@@ -11,6 +16,7 @@ use crate::runtime::error::TaskFailure;
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::Output;
+use crate::runtime::participant::Participant;
 
 /// The connector behind a source subtask.
 pub enum SourceReader {
@@ -18,6 +24,33 @@ pub enum SourceReader {
     Generator(Generator),
     /// Text file lines.
     File(FileSource),
+}
+
+impl SourceReader {
+    /// Where the next record comes from.
+    pub fn position(&self) -> SourcePosition {
+        match self {
+            SourceReader::Generator(g) => SourcePosition::Generator { next: g.position() },
+            SourceReader::File(f) => {
+                let (offset, line) = f.position();
+                SourcePosition::File { offset, line }
+            }
+        }
+    }
+
+    /// Rewinds to `pos`.
+    pub fn seek(&mut self, pos: SourcePosition) -> Result<(), String> {
+        match (self, pos) {
+            (SourceReader::Generator(g), SourcePosition::Generator { next }) => {
+                g.seek(next);
+                Ok(())
+            }
+            (SourceReader::File(f), SourcePosition::File { offset, line }) => {
+                f.seek(offset, line).map_err(|e| format!("cannot seek the input to byte {offset}: {e}"))
+            }
+            (_, pos) => Err(format!("the checkpoint holds a position of another source type: {pos:?}")),
+        }
+    }
 }
 
 /// Everything a source subtask needs.
@@ -34,36 +67,62 @@ pub struct SourceTask {
     pub metrics: Arc<NodeMetrics>,
     /// Set when the job is being torn down.
     pub cancel: Arc<AtomicBool>,
+    /// Checkpointing links (`None`: checkpointing is off).
+    pub checkpoints: Option<Participant>,
 }
 
 /// Generator sources emit a watermark every this many batches.
 const WATERMARK_EVERY: u32 = 16;
 
 impl SourceTask {
-    /// Runs the source to exhaustion.
+    fn disconnected(&self) -> TaskFailure {
+        TaskFailure::Disconnected { task: self.id.clone() }
+    }
+
+    fn state(&self) -> SubtaskState {
+        SubtaskState { source: Some(self.reader.position()), ..Default::default() }
+    }
+
+    /// Answers pending coordinator messages: a trigger records the position and injects the
+    /// barrier.
+    fn poll_control(&mut self) -> Result<(), TaskFailure> {
+        loop {
+            let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
+            let Ok(c) = p.control.try_recv() else { return Ok(()) };
+            match c {
+                Control::Trigger(id) => {
+                    let state = self.state();
+                    self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
+                    if let Some(p) = self.checkpoints.as_mut() {
+                        p.submit(id, state, Timing::default());
+                    }
+                }
+                Control::Complete(_) => p.completed += 1,
+                Control::Abort(_) | Control::Shutdown => {}
+            }
+        }
+    }
+
+    /// Runs the source to exhaustion (and, with checkpointing, until the job's final
+    /// checkpoint is complete).
     pub fn run(mut self) -> Result<(), TaskFailure> {
-        let disconnected = |id: &TaskId| TaskFailure::Disconnected { task: id.clone() };
         let mut batches = 0u32;
         loop {
             if self.cancel.load(Ordering::Relaxed) {
-                return Err(TaskFailure::Cancelled {
-                    task: self.id.clone(),
-                });
+                return Err(TaskFailure::Cancelled { task: self.id.clone() });
             }
+            self.poll_control()?;
             let n = match &mut self.reader {
                 SourceReader::Generator(g) => g
                     .emit(self.batch_size, &mut self.output)
-                    .map_err(|_| disconnected(&self.id))?,
-                SourceReader::File(f) => {
-                    f.emit(self.batch_size, &mut self.output)
-                        .map_err(|e| match e {
-                            FileSourceError::Io(e) => TaskFailure::Connector {
-                                task: self.id.clone(),
-                                message: format!("reading the input failed: {e}"),
-                            },
-                            FileSourceError::Disconnected(_) => disconnected(&self.id),
-                        })?
-                }
+                    .map_err(|_| TaskFailure::Disconnected { task: self.id.clone() })?,
+                SourceReader::File(f) => f.emit(self.batch_size, &mut self.output).map_err(|e| match e {
+                    FileSourceError::Io(e) => TaskFailure::Connector {
+                        task: self.id.clone(),
+                        message: format!("reading the input failed: {e}"),
+                    },
+                    FileSourceError::Disconnected(_) => TaskFailure::Disconnected { task: self.id.clone() },
+                })?,
             };
             if n == 0 {
                 break;
@@ -74,14 +133,14 @@ impl SourceTask {
                 && batches.is_multiple_of(WATERMARK_EVERY)
             {
                 let wm = g.last_timestamp();
-                self.output
-                    .broadcast(|| Message::Watermark(wm))
-                    .map_err(|_| disconnected(&self.id))?;
+                self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
             }
         }
-        self.output
-            .broadcast(|| Message::EndOfStream)
-            .map_err(|_| disconnected(&self.id))?;
-        Ok(())
+        self.poll_control()?;
+        self.output.broadcast(|| Message::EndOfStream).map_err(|_| self.disconnected())?;
+        let Some(mut p) = self.checkpoints.take() else { return Ok(()) };
+        let final_state = self.state();
+        let (id, cancel) = (self.id.clone(), self.cancel.clone());
+        p.finish(&id, &cancel, |_| Ok(final_state.clone()), |_| Ok(()))
     }
 }

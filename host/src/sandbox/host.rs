@@ -36,10 +36,7 @@ pub struct HostState {
 impl HostState {
     /// State for the subtask described by `task`.
     pub fn new(task: types::TaskInfo, max_port: u32) -> Self {
-        let label = format!(
-            "{}/{}#{}",
-            task.job_name, task.operator_uid, task.subtask_index
-        );
+        let label = format!("{}/{}#{}", task.job_name, task.operator_uid, task.subtask_index);
         HostState {
             task,
             label,
@@ -89,8 +86,8 @@ impl collector::Host for HostState {
                 self.max_emit_bytes
             );
         }
-        let n = record::validate(&batch)
-            .map_err(|e| wasmtime::format_err!("{}: malformed emit-batch: {e}", self.label))?;
+        let n =
+            record::validate(&batch).map_err(|e| wasmtime::format_err!("{}: malformed emit-batch: {e}", self.label))?;
         // Check ports: 0 = main, 1..=max_port side outputs.
         let mut rest = &batch[..];
         while !rest.is_empty() {
@@ -117,36 +114,20 @@ impl collector::Host for HostState {
 }
 
 impl timers::Host for HostState {
-    fn register(
-        &mut self,
-        domain: types::TimeDomain,
-        key_group: u32,
-        key: Vec<u8>,
-        time: i64,
-    ) -> wasmtime::Result<()> {
+    fn register(&mut self, domain: types::TimeDomain, key_group: u32, key: Vec<u8>, time: i64) -> wasmtime::Result<()> {
         self.check_key_group(key_group)?;
         match domain {
             types::TimeDomain::EventTime => self.event_timers.register(time, key_group, &key),
-            types::TimeDomain::ProcessingTime => {
-                self.processing_timers.register(time, key_group, &key)
-            }
+            types::TimeDomain::ProcessingTime => self.processing_timers.register(time, key_group, &key),
         }
         Ok(())
     }
 
-    fn delete(
-        &mut self,
-        domain: types::TimeDomain,
-        key_group: u32,
-        key: Vec<u8>,
-        time: i64,
-    ) -> wasmtime::Result<()> {
+    fn delete(&mut self, domain: types::TimeDomain, key_group: u32, key: Vec<u8>, time: i64) -> wasmtime::Result<()> {
         self.check_key_group(key_group)?;
         match domain {
             types::TimeDomain::EventTime => self.event_timers.delete(time, key_group, &key),
-            types::TimeDomain::ProcessingTime => {
-                self.processing_timers.delete(time, key_group, &key)
-            }
+            types::TimeDomain::ProcessingTime => self.processing_timers.delete(time, key_group, &key),
         }
         Ok(())
     }

@@ -149,11 +149,11 @@ pub struct LoadedComponent {
 fn classify(bytes: &[u8]) -> Result<(), String> {
     match bytes {
         [0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00, ..] => Ok(()),
-        [0, b'a', b's', b'm', 0x01, 0x00, 0x00, 0x00, ..] => Err(
-            "it is a core WebAssembly module; turn it into a component (Rust: build for wasm32-unknown-unknown \
+        [0, b'a', b's', b'm', 0x01, 0x00, 0x00, 0x00, ..] => {
+            Err("it is a core WebAssembly module; turn it into a component (Rust: build for wasm32-unknown-unknown \
              with wasm-component-ld as the linker; C: `wasm-tools component new`)"
-                .into(),
-        ),
+                .into())
+        }
         [0, b'a', b's', b'm', ..] => Err("unsupported WebAssembly binary version".into()),
         _ => Err("the file does not start with the WebAssembly magic bytes".into()),
     }
@@ -162,37 +162,22 @@ fn classify(bytes: &[u8]) -> Result<(), String> {
 fn linker(engine: &Engine) -> Linker<HostState> {
     let mut l = Linker::new(engine);
     // `two`'s world reuses `one`'s interfaces, so one registration serves both worlds.
-    one::Operator::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
-        &mut l,
-        |s| s,
-    )
-    .expect("registering Weir's host interfaces cannot fail");
+    one::Operator::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut l, |s| s)
+        .expect("registering Weir's host interfaces cannot fail");
     l
 }
 
 impl LoadedComponent {
     /// Compiles and checks the component at `path` for operator `uid`.
     pub fn load(engine: &Engine, uid: &str, path: &Path) -> Result<Self, LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-            uid: uid.into(),
-            path: path.into(),
-            source,
-        })?;
+        let bytes =
+            std::fs::read(path).map_err(|source| LoadError::Read { uid: uid.into(), path: path.into(), source })?;
         Self::from_bytes(engine, uid, path, &bytes)
     }
 
     /// Compiles and checks component `bytes` (reported as `path`).
-    pub fn from_bytes(
-        engine: &Engine,
-        uid: &str,
-        path: &Path,
-        bytes: &[u8],
-    ) -> Result<Self, LoadError> {
-        let not = |reason: String| LoadError::NotAComponent {
-            uid: uid.into(),
-            path: path.into(),
-            reason,
-        };
+    pub fn from_bytes(engine: &Engine, uid: &str, path: &Path, bytes: &[u8]) -> Result<Self, LoadError> {
+        let not = |reason: String| LoadError::NotAComponent { uid: uid.into(), path: path.into(), reason };
         classify(bytes).map_err(not)?;
         let component = Component::new(engine, bytes).map_err(|e| not(format!("{e:#}")))?;
         let granted = [
@@ -216,14 +201,12 @@ impl LoadedComponent {
             });
         }
         let linker = linker(engine);
-        let ipre = linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::WrongWorld {
-                uid: uid.into(),
-                path: path.into(),
-                one: format!("{e:#}"),
-                two: format!("{e:#}"),
-            })?;
+        let ipre = linker.instantiate_pre(&component).map_err(|e| LoadError::WrongWorld {
+            uid: uid.into(),
+            path: path.into(),
+            one: format!("{e:#}"),
+            two: format!("{e:#}"),
+        })?;
         let pre = match one::OperatorPre::new(ipre.clone()) {
             Ok(p) => Pre::One(p),
             Err(e1) => match two::CoOperatorPre::new(ipre) {
@@ -261,25 +244,15 @@ impl LoadedComponent {
             key_group_start: 0,
             key_group_end: 1,
         };
-        let describe_err = |reason: String| LoadError::Describe {
-            uid: uid.into(),
-            path: path.into(),
-            reason,
-        };
-        let mut inst = lc
-            .instantiate(HostState::new(task, 0))
-            .map_err(|e| describe_err(e.to_string()))?;
+        let describe_err = |reason: String| LoadError::Describe { uid: uid.into(), path: path.into(), reason };
+        let mut inst = lc.instantiate(HostState::new(task, 0)).map_err(|e| describe_err(e.to_string()))?;
         let d = inst.describe().map_err(|e| describe_err(e.to_string()))?;
         lc.info = OperatorInfo {
             name: d.name,
             version: d.version,
             schema_version: d.state_schema_version,
             migrates_from: d.migrates_from,
-            states: d
-                .states
-                .into_iter()
-                .map(|s| (s.name, s.kind, s.keyed))
-                .collect(),
+            states: d.states.into_iter().map(|s| (s.name, s.kind, s.keyed)).collect(),
             side_outputs: d.side_outputs,
             two_input: matches!(lc.pre, Pre::Two(_)),
         };
@@ -314,11 +287,7 @@ fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>) -> Guest
         Some(t) => format!("wasm trap: {t}"),
         None => format!("{e:#}"),
     };
-    GuestError::Trap {
-        call,
-        message: message.lines().next().unwrap_or("").to_string(),
-        detail,
-    }
+    GuestError::Trap { call, message: message.lines().next().unwrap_or("").to_string(), detail }
 }
 
 macro_rules! call {
@@ -363,20 +332,14 @@ impl OperatorInstance {
             (Inst::One(b), Side::Left) => b.call_process(&mut self.store, bytes),
             (Inst::Two(b), Side::Left) => b.call_process_left(&mut self.store, bytes),
             (Inst::Two(b), Side::Right) => b.call_process_right(&mut self.store, bytes),
-            (Inst::One(_), Side::Right) => {
-                Ok(Err("a one-input operator has no right input".into()))
-            }
+            (Inst::One(_), Side::Right) => Ok(Err("a one-input operator has no right input".into())),
         };
         let r = self.finish("process", r)?;
         Self::result("process", r)
     }
 
     /// `on-timer`.
-    pub fn on_timer(
-        &mut self,
-        domain: types::TimeDomain,
-        timers: &Batch,
-    ) -> Result<(), GuestError> {
+    pub fn on_timer(&mut self, domain: types::TimeDomain, timers: &Batch) -> Result<(), GuestError> {
         let r = call!(self, "on-timer", call_on_timer, domain, timers.as_bytes())?;
         Self::result("on-timer", r)
     }
@@ -395,18 +358,11 @@ impl OperatorInstance {
         mode: types::SnapshotMode,
     ) -> Result<types::OperatorSnapshot, GuestError> {
         let r = call!(self, "snapshot", call_snapshot, checkpoint, mode)?;
-        r.map_err(|message| GuestError::Failed {
-            call: "snapshot",
-            message,
-        })
+        r.map_err(|message| GuestError::Failed { call: "snapshot", message })
     }
 
     /// `restore`.
-    pub fn restore(
-        &mut self,
-        schema_version: u32,
-        state: &types::OperatorSnapshot,
-    ) -> Result<(), GuestError> {
+    pub fn restore(&mut self, schema_version: u32, state: &types::OperatorSnapshot) -> Result<(), GuestError> {
         let r = call!(self, "restore", call_restore, schema_version, state)?;
         Self::result("restore", r)
     }

@@ -38,6 +38,15 @@ impl TimerQueue {
         out
     }
 
+    /// The timers grouped by key group: key group → [(time, key)].
+    pub fn by_key_group(&self) -> std::collections::BTreeMap<u32, Vec<(i64, Vec<u8>)>> {
+        let mut m: std::collections::BTreeMap<u32, Vec<(i64, Vec<u8>)>> = std::collections::BTreeMap::new();
+        for (t, kg, key) in &self.timers {
+            m.entry(*kg).or_default().push((*t, key.clone()));
+        }
+        m
+    }
+
     /// Earliest timer time.
     pub fn next_time(&self) -> Option<i64> {
         self.timers.first().map(|t| t.0)
@@ -67,10 +76,7 @@ mod tests {
         q.register(50, 1, b"c");
         q.delete(50, 1, b"c");
         let due = q.pop_due(30);
-        let got: Vec<_> = due
-            .iter()
-            .map(|r| (r.timestamp, r.tag, r.key.to_vec()))
-            .collect();
+        let got: Vec<_> = due.iter().map(|r| (r.timestamp, r.tag, r.key.to_vec())).collect();
         assert_eq!(got, vec![(10, 2, b"a".to_vec()), (30, 1, b"b".to_vec())]);
         assert!(q.pop_due(i64::MAX).is_empty());
     }

@@ -6,8 +6,7 @@
 //! state until its customer arrives. Malformed orders go to the side output `invalid`.
 
 use weir_guest::{
-    CoOperator, Context, ListState, OpenContext, Operator, OperatorInfo, Record, Result,
-    StateDescriptor, ValueState,
+    CoOperator, Context, ListState, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, ValueState,
 };
 
 struct Enricher {
@@ -25,19 +24,13 @@ fn enrich(ctx: &mut Context<'_>, order: &str, customer: &str) {
 
 impl Operator for Enricher {
     const INFO: OperatorInfo = OperatorInfo {
-        states: &[
-            StateDescriptor::keyed_value("customer"),
-            StateDescriptor::keyed_list("pending"),
-        ],
+        states: &[StateDescriptor::keyed_value("customer"), StateDescriptor::keyed_list("pending")],
         side_outputs: &["invalid"],
         ..OperatorInfo::new("enrich-enricher", "1.0.0")
     };
 
     fn open(ctx: &mut OpenContext<'_>) -> Result<Self> {
-        Ok(Enricher {
-            customer: ctx.value_state("customer")?,
-            pending: ctx.list_state("pending")?,
-        })
+        Ok(Enricher { customer: ctx.value_state("customer")?, pending: ctx.list_state("pending")? })
     }
 
     /// Orders.

@@ -1,8 +1,6 @@
 //! Counts records per key and emits `(key, "<key> <count>")` for every record.
 
-use weir_guest::{
-    Context, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, ValueState,
-};
+use weir_guest::{Context, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, ValueState};
 
 struct Counter {
     count: ValueState<u64>,
@@ -15,9 +13,7 @@ impl Operator for Counter {
     };
 
     fn open(ctx: &mut OpenContext<'_>) -> Result<Self> {
-        Ok(Counter {
-            count: ctx.value_state("count")?,
-        })
+        Ok(Counter { count: ctx.value_state("count")? })
     }
 
     fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {

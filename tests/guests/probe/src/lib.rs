@@ -3,8 +3,8 @@
 //! A value `key,command` (a CSV line) means `command`.
 
 use weir_guest::{
-    Context, ListState, MapState, OpenContext, Operator, OperatorInfo, OperatorValue, Record,
-    Result, StateDescriptor, TimeDomain, ValueState, bail,
+    Context, ListState, MapState, OpenContext, Operator, OperatorInfo, OperatorValue, Record, Result, StateDescriptor,
+    TimeDomain, ValueState, bail,
 };
 
 struct Probe {
@@ -69,13 +69,8 @@ impl Operator for Probe {
                 let (k, v) = arg.split_once('=').unwrap_or((arg, "0"));
                 self.tags.insert(ctx, k.to_string(), v.parse()?);
                 let all = self.tags.with(ctx, |m| {
-                    m.map(|m| {
-                        m.iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    })
-                    .unwrap_or_default()
+                    m.map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+                        .unwrap_or_default()
                 });
                 ctx.emit(rec.key, all.as_bytes());
             }
@@ -99,11 +94,7 @@ impl Operator for Probe {
             TimeDomain::EventTime => "event",
             TimeDomain::ProcessingTime => "processing",
         };
-        let line = format!(
-            "timer {d} {}@{}",
-            String::from_utf8_lossy(ctx.key()),
-            ctx.timestamp()
-        );
+        let line = format!("timer {d} {}@{}", String::from_utf8_lossy(ctx.key()), ctx.timestamp());
         let key = ctx.key().to_vec();
         ctx.emit_side("events", &key, line.as_bytes())
     }

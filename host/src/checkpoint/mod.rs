@@ -1,0 +1,12 @@
+//! Asynchronous Barrier Snapshotting: the protocol's pure state machines (alignment,
+//! coordinator, recovery mapping), their thin drivers, and checkpoint storage.
+
+pub mod alignment;
+pub mod control;
+pub mod coordinator;
+pub mod driver;
+pub mod metadata;
+pub mod recovery;
+pub mod snapshot;
+pub mod storage;
+pub mod writer;

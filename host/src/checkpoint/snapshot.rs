@@ -1,0 +1,162 @@
+//! What one subtask contributes to a checkpoint, and its on-disk encoding.
+//!
+//! A state file is `WEIRST01` + u32 CRC-32 of the body + u64 body length + the body
+//! (bincode). Invariant: a file whose length or checksum does not match is rejected, never
+//! half-read.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Timers of one key group: (time, key).
+pub type Timers = Vec<(i64, Vec<u8>)>;
+
+/// The state of one key group of one operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyGroupSnapshot {
+    /// The key group.
+    pub key_group: u32,
+    /// The guest's blob (see "Keyed state layout" in `wit/operator.wit`).
+    pub data: Vec<u8>,
+    /// Event-time timers.
+    pub event_timers: Timers,
+    /// Processing-time timers.
+    pub processing_timers: Timers,
+}
+
+/// Where a source subtask was when the barrier was injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SourcePosition {
+    /// Next sequence number of a generator.
+    Generator {
+        /// Next `i`.
+        next: u64,
+    },
+    /// Byte offset and line number of the next line of a file.
+    File {
+        /// Byte offset.
+        offset: u64,
+        /// Line number.
+        line: u64,
+    },
+}
+
+/// A transactional file sink's state: parts pre-committed and not yet known committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkState {
+    /// Number of the next part file.
+    pub next_part: u64,
+    /// Pre-committed parts: (checkpoint that pre-committed it, part number).
+    pub pending: Vec<(u64, u64)>,
+}
+
+/// Everything one subtask hands over at a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskState {
+    /// Keyed state by key group (operators).
+    pub keyed: Vec<KeyGroupSnapshot>,
+    /// Non-keyed operator state (opaque).
+    pub operator_state: Vec<u8>,
+    /// Source position (sources).
+    pub source: Option<SourcePosition>,
+    /// Sink transaction state (file sinks).
+    pub sink: Option<SinkState>,
+}
+
+const MAGIC: &[u8; 8] = b"WEIRST01";
+
+/// A state file that cannot be used.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum StateFileError {
+    /// Not a Weir state file, or another version.
+    #[error("not a Weir state file (bad magic)")]
+    BadMagic,
+    /// Shorter than its header says.
+    #[error("truncated: header says {expected} bytes, found {found}")]
+    Truncated {
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes found.
+        found: u64,
+    },
+    /// Checksum mismatch.
+    #[error("checksum mismatch: stored {stored:08x}, computed {computed:08x}")]
+    Checksum {
+        /// Stored CRC.
+        stored: u32,
+        /// Computed CRC.
+        computed: u32,
+    },
+    /// Body does not decode.
+    #[error("cannot decode: {0}")]
+    Decode(String),
+}
+
+impl SubtaskState {
+    /// Encodes to the state file format; returns the bytes and the body's CRC-32.
+    pub fn encode(&self) -> (Vec<u8>, u32) {
+        let body = bincode::serialize(self).expect("in-memory state always serializes");
+        let crc = crc32fast::hash(&body);
+        let mut out = Vec::with_capacity(body.len() + 20);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&body);
+        (out, crc)
+    }
+
+    /// Decodes and verifies a state file.
+    pub fn decode(bytes: &[u8]) -> Result<Self, StateFileError> {
+        if bytes.len() < 20 || &bytes[..8] != MAGIC {
+            return Err(StateFileError::BadMagic);
+        }
+        let stored = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        let len = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+        let body = &bytes[20..];
+        if body.len() as u64 != len {
+            return Err(StateFileError::Truncated { expected: len, found: body.len() as u64 });
+        }
+        let computed = crc32fast::hash(body);
+        if computed != stored {
+            return Err(StateFileError::Checksum { stored, computed });
+        }
+        bincode::deserialize(body).map_err(|e| StateFileError::Decode(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> SubtaskState {
+        SubtaskState {
+            keyed: vec![KeyGroupSnapshot {
+                key_group: 3,
+                data: vec![1, 2, 3],
+                event_timers: vec![(5, b"k".to_vec())],
+                processing_timers: vec![],
+            }],
+            operator_state: vec![9],
+            source: Some(SourcePosition::File { offset: 10, line: 2 }),
+            sink: Some(SinkState { next_part: 4, pending: vec![(7, 3)] }),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let (bytes, _) = sample().encode();
+        assert_eq!(SubtaskState::decode(&bytes).unwrap(), sample());
+    }
+
+    #[test]
+    fn any_flipped_byte_or_truncation_is_detected() {
+        let (bytes, _) = sample().encode();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(SubtaskState::decode(&b).is_err(), "flip at {i}");
+        }
+        for cut in 0..bytes.len() {
+            assert!(SubtaskState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+}

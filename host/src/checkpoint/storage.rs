@@ -1,0 +1,307 @@
+//! Checkpoint storage on the local filesystem (the embedded default):
+//! `<dir>/<job>/chk-<id>/` holds one state file per subtask and the `_metadata` manifest;
+//! `<dir>/<job>/history.json` keeps the metrics of completed checkpoints.
+//!
+//! Invariants: every file is written to a temporary name, fsynced, then renamed (and the
+//! directory fsynced), so a reader never sees a partial file; the manifest is written last,
+//! so a directory without a valid manifest is an incomplete checkpoint and is never restored;
+//! a checkpoint is used only if the manifest and every state file verify.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::checkpoint::metadata::{CheckpointMetrics, Manifest, ManifestError};
+use crate::checkpoint::snapshot::{StateFileError, SubtaskState};
+use crate::ids::CheckpointId;
+
+/// Name of the manifest file.
+pub const MANIFEST: &str = "_metadata";
+
+/// A checkpoint that cannot be used.
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    /// I/O.
+    #[error("checkpoint {}: {source}", path.display())]
+    Io {
+        /// The checkpoint directory or file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// No manifest: the checkpoint never completed.
+    #[error("checkpoint {} is incomplete: it has no {MANIFEST} (the job stopped before publishing it)", path.display())]
+    Incomplete {
+        /// The checkpoint directory.
+        path: PathBuf,
+    },
+    /// Bad manifest.
+    #[error("checkpoint {}: {MANIFEST} is corrupt: {source}", path.display())]
+    Manifest {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// Why.
+        source: ManifestError,
+    },
+    /// Bad state file.
+    #[error("checkpoint {}: state file {file} of `{uid}` subtask {subtask} is corrupt: {source}", path.display())]
+    State {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The file.
+        file: String,
+        /// Operator uid.
+        uid: String,
+        /// Subtask.
+        subtask: u32,
+        /// Why.
+        source: StateFileError,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+}
+
+/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
+    {
+        let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
+}
+
+/// A checkpoint whose manifest and state files all verified.
+#[derive(Debug, Clone)]
+pub struct LoadedCheckpoint {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// State of every subtask: (uid, subtask) → state.
+    pub states: std::collections::BTreeMap<(String, u32), SubtaskState>,
+}
+
+/// One entry of a listing.
+#[derive(Debug)]
+pub struct Listed {
+    /// Id from the directory name.
+    pub id: u64,
+    /// Directory.
+    pub path: PathBuf,
+    /// The manifest, or why the checkpoint cannot be used.
+    pub status: Result<Manifest, CheckpointError>,
+}
+
+/// The checkpoints of one job: `<dir>/<job>/`.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    root: PathBuf,
+}
+
+impl CheckpointStore {
+    /// The store of job `job` under `dir`.
+    pub fn new(dir: &Path, job: &str) -> Self {
+        CheckpointStore { root: dir.join(job) }
+    }
+
+    /// A store rooted directly at `root` (`<dir>/<job>`).
+    pub fn at(root: &Path) -> Self {
+        CheckpointStore { root: root.to_path_buf() }
+    }
+
+    /// `<dir>/<job>`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Directory of checkpoint `id`.
+    pub fn chk_dir(&self, id: CheckpointId) -> PathBuf {
+        self.root.join(format!("chk-{}", id.0))
+    }
+
+    /// Writes one subtask's state into checkpoint `id`; returns (file name, bytes, crc).
+    pub fn write_state(&self, id: CheckpointId, file: &str, state: &SubtaskState) -> std::io::Result<(u64, u32)> {
+        let dir = self.chk_dir(id);
+        fs::create_dir_all(&dir)?;
+        let (bytes, crc) = state.encode();
+        write_atomic(&dir.join(file), &bytes)?;
+        Ok((bytes.len() as u64, crc))
+    }
+
+    /// Publishes the manifest: from now on checkpoint `manifest.checkpoint_id` is complete.
+    pub fn publish(&self, manifest: &Manifest) -> std::io::Result<u64> {
+        let dir = self.chk_dir(CheckpointId(manifest.checkpoint_id));
+        fs::create_dir_all(&dir)?;
+        let bytes = manifest.encode();
+        write_atomic(&dir.join(MANIFEST), &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+
+    /// Every `chk-<id>` directory, ascending by id, with its manifest or why it is unusable.
+    pub fn list(&self) -> Vec<Listed> {
+        let mut out = Vec::new();
+        let Ok(entries) = fs::read_dir(&self.root) else { return out };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(id) = name.strip_prefix("chk-").and_then(|s| s.parse::<u64>().ok()) else { continue };
+            let path = e.path();
+            out.push(Listed { id, status: read_manifest(&path), path });
+        }
+        out.sort_by_key(|l| l.id);
+        out
+    }
+
+    /// Highest checkpoint id present on disk (complete or not), 0 if none.
+    pub fn max_id(&self) -> u64 {
+        self.list().last().map_or(0, |l| l.id)
+    }
+
+    /// The newest checkpoint that verifies completely; each newer unusable one is reported
+    /// to `skipped` (to be logged as a warning naming it).
+    pub fn latest(&self, mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
+        for l in self.list().into_iter().rev() {
+            match load(&l.path) {
+                Ok(c) => return Some(c),
+                Err(e) => skipped(&e),
+            }
+        }
+        None
+    }
+
+    /// Deletes completed checkpoints beyond the newest `retained`, and incomplete ones older
+    /// than the newest complete one.
+    pub fn retain(&self, retained: usize) -> std::io::Result<()> {
+        let listed = self.list();
+        let complete: Vec<u64> = listed.iter().filter(|l| l.status.is_ok()).map(|l| l.id).collect();
+        let Some(&newest) = complete.last() else { return Ok(()) };
+        let keep_from = complete.len().saturating_sub(retained.max(1));
+        let keep: Vec<u64> = complete[keep_from..].to_vec();
+        for l in listed {
+            let drop = if l.status.is_ok() { !keep.contains(&l.id) } else { l.id < newest };
+            if drop {
+                fs::remove_dir_all(&l.path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends completed checkpoints' metrics to `history.json` (a JSON array).
+    pub fn append_history(&self, m: &CheckpointMetrics) -> std::io::Result<()> {
+        let path = self.root.join("history.json");
+        let mut all: Vec<CheckpointMetrics> =
+            fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        all.push(m.clone());
+        let keep = all.len().saturating_sub(1000);
+        write_atomic(&path, &serde_json::to_vec_pretty(&all[keep..]).unwrap())
+    }
+}
+
+fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
+    let path = dir.join(MANIFEST);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::Incomplete { path: dir.to_path_buf() });
+        }
+        Err(e) => return Err(io(dir)(e)),
+    };
+    Manifest::decode(&bytes).map_err(|source| CheckpointError::Manifest { path: dir.to_path_buf(), source })
+}
+
+/// Loads and verifies the checkpoint (or savepoint) in `dir`.
+pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+    let manifest = read_manifest(dir)?;
+    let mut states = std::collections::BTreeMap::new();
+    for op in &manifest.operators {
+        for s in &op.subtasks {
+            let path = dir.join(&s.file);
+            let bytes = fs::read(&path).map_err(io(&path))?;
+            let state = SubtaskState::decode(&bytes).map_err(|source| CheckpointError::State {
+                path: dir.to_path_buf(),
+                file: s.file.clone(),
+                uid: op.uid.clone(),
+                subtask: s.index,
+                source,
+            })?;
+            states.insert((op.uid.clone(), s.index), state);
+        }
+    }
+    Ok(LoadedCheckpoint { path: dir.to_path_buf(), manifest, states })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::metadata::{FORMAT_VERSION, OperatorEntry, SubtaskEntry};
+
+    fn manifest(id: u64, file: &str, bytes: u64, crc: u32) -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            job: "j".into(),
+            checkpoint_id: id,
+            created_unix_ms: 0,
+            finished: false,
+            max_parallelism: 8,
+            operators: vec![OperatorEntry {
+                uid: "op".into(),
+                kind: "operator".into(),
+                parallelism: 1,
+                component: None,
+                subtasks: vec![SubtaskEntry { index: 0, file: file.into(), bytes, crc32: crc, key_groups: (0, 8) }],
+            }],
+            metrics: CheckpointMetrics { id, ..Default::default() },
+        }
+    }
+
+    fn complete(store: &CheckpointStore, id: u64) {
+        let state = SubtaskState { operator_state: vec![id as u8], ..Default::default() };
+        let (bytes, crc) = store.write_state(CheckpointId(id), "op-0.state", &state).unwrap();
+        store.publish(&manifest(id, "op-0.state", bytes, crc)).unwrap();
+    }
+
+    #[test]
+    fn latest_skips_incomplete_and_corrupt_checkpoints_naming_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        complete(&store, 1);
+        complete(&store, 2);
+        complete(&store, 3);
+        // 4: torn (no manifest). 3: a state file corrupted after publishing.
+        store.write_state(CheckpointId(4), "op-0.state", &SubtaskState::default()).unwrap();
+        let f = store.chk_dir(CheckpointId(3)).join("op-0.state");
+        let mut b = fs::read(&f).unwrap();
+        let n = b.len() - 1;
+        b[n] ^= 0xff;
+        fs::write(&f, b).unwrap();
+        let mut skipped = Vec::new();
+        let c = store.latest(|e| skipped.push(e.to_string())).unwrap();
+        assert_eq!(c.manifest.checkpoint_id, 2);
+        assert_eq!(c.states[&("op".to_string(), 0)].operator_state, vec![2]);
+        assert_eq!(skipped.len(), 2);
+        assert!(skipped[0].contains("chk-4") && skipped[0].contains("incomplete"), "{skipped:?}");
+        assert!(skipped[1].contains("chk-3") && skipped[1].contains("checksum"), "{skipped:?}");
+        assert_eq!(store.max_id(), 4);
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_complete_checkpoints() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        for id in 1..=5 {
+            complete(&store, id);
+        }
+        store.write_state(CheckpointId(3), "x.state", &SubtaskState::default()).unwrap();
+        store.write_state(CheckpointId(6), "op-0.state", &SubtaskState::default()).unwrap();
+        store.retain(2).unwrap();
+        let ids: Vec<u64> = store.list().iter().map(|l| l.id).collect();
+        assert_eq!(ids, vec![4, 5, 6], "in-progress checkpoint 6 is newer than the newest complete one and stays");
+    }
+}

@@ -1,0 +1,34 @@
+//! The asynchronous half of a snapshot: serialize, write, fsync, then ack to the
+//! coordinator. Subtasks hand their captured state over and go back to processing, so
+//! writing never stalls the stream.
+//!
+//! Invariant: an ack is sent only after the state file is durable.
+
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::checkpoint::control::{Ack, Event, WriteJob};
+use crate::checkpoint::storage::CheckpointStore;
+
+/// Runs the writer until every sender is dropped.
+pub fn run(store: CheckpointStore, jobs: Receiver<WriteJob>, events: Sender<Event>) {
+    for job in jobs {
+        let started = Instant::now();
+        let event = match store.write_state(job.id, &job.file, &job.state) {
+            Ok((bytes, crc32)) => {
+                let mut timing = job.timing;
+                timing.async_ms = started.elapsed().as_secs_f64() * 1e3;
+                Event::Ack { task: job.task, id: job.id, ack: Ack { file: job.file, bytes, crc32, timing } }
+            }
+            Err(e) => Event::Decline {
+                task: job.task,
+                id: job.id,
+                reason: format!("writing {} failed: {e}", store.chk_dir(job.id).join(&job.file).display()),
+            },
+        };
+        if events.send(event).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! A subtask's side of checkpointing: hand snapshots to the asynchronous writer, decline,
+//! remember triggers, count completions, and — after the subtask's input is exhausted —
+//! answer every later trigger with the subtask's final state until the job shuts down.
+//!
+//! Why a finished subtask's final state is a valid part of checkpoint `n` although the
+//! barrier never reached it: end of stream counts as every later barrier on that channel
+//! (see `checkpoint/alignment.rs`), so downstream snapshots for `n` include everything this
+//! subtask ever emitted, which is exactly what its final state covers.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use crate::checkpoint::control::{Control, Event, Timing, WriteJob};
+use crate::checkpoint::snapshot::SubtaskState;
+use crate::ids::{CheckpointId, TaskId};
+use crate::runtime::error::TaskFailure;
+
+/// Checkpointing links of one subtask.
+pub struct Participant {
+    /// Global task index (the coordinator's numbering).
+    pub task: usize,
+    /// State file name, `<uid>-<subtask>.state`.
+    pub file: String,
+    /// From the coordinator.
+    pub control: Receiver<Control>,
+    /// To the coordinator.
+    pub events: Sender<Event>,
+    /// To the asynchronous writer.
+    pub writer: Sender<WriteJob>,
+    /// Checkpoints completed so far (as notified).
+    pub completed: u64,
+    triggered: BTreeSet<CheckpointId>,
+    last: Option<CheckpointId>,
+}
+
+impl Participant {
+    /// Links for global task `task`.
+    pub fn new(
+        task: usize,
+        file: String,
+        control: Receiver<Control>,
+        events: Sender<Event>,
+        writer: Sender<WriteJob>,
+    ) -> Self {
+        Participant { task, file, control, events, writer, completed: 0, triggered: BTreeSet::new(), last: None }
+    }
+
+    /// Hands the state of checkpoint `id` to the writer (the asynchronous part).
+    pub fn submit(&mut self, id: CheckpointId, state: SubtaskState, timing: Timing) {
+        self.last = Some(self.last.map_or(id, |l| l.max(id)));
+        self.triggered.retain(|t| *t > id);
+        let job = WriteJob { task: self.task, id, file: self.file.clone(), state, timing };
+        let _ = self.writer.send(job);
+    }
+
+    /// Declines checkpoint `id`.
+    pub fn decline(&mut self, id: CheckpointId, reason: String) {
+        self.last = Some(self.last.map_or(id, |l| l.max(id)));
+        let _ = self.events.send(Event::Decline { task: self.task, id, reason });
+    }
+
+    /// Remembers a trigger seen while running (the barrier comes in-band, or never if the
+    /// inputs end first).
+    pub fn on_trigger(&mut self, id: CheckpointId) {
+        if self.last.is_none_or(|l| id > l) {
+            self.triggered.insert(id);
+        }
+    }
+
+    /// Runs after the subtask's input is exhausted: acks every trigger with `state` (after
+    /// `before_ack` for sinks, which pre-commit), applies `on_complete`, until `Shutdown`.
+    pub fn finish(
+        &mut self,
+        id: &TaskId,
+        cancel: &Arc<AtomicBool>,
+        mut state: impl FnMut(CheckpointId) -> Result<SubtaskState, TaskFailure>,
+        mut on_complete: impl FnMut(CheckpointId) -> Result<(), TaskFailure>,
+    ) -> Result<(), TaskFailure> {
+        let _ = self.events.send(Event::Finished { task: self.task });
+        let remembered: Vec<CheckpointId> = std::mem::take(&mut self.triggered).into_iter().collect();
+        for c in remembered {
+            if self.last.is_none_or(|l| c > l) {
+                let s = state(c)?;
+                self.submit(c, s, Timing::default());
+            }
+        }
+        loop {
+            match self.control.recv_timeout(Duration::from_millis(50)) {
+                Ok(Control::Trigger(c)) => {
+                    if self.last.is_none_or(|l| c > l) {
+                        let s = state(c)?;
+                        self.submit(c, s, Timing::default());
+                    }
+                }
+                Ok(Control::Complete(c)) => {
+                    self.completed += 1;
+                    on_complete(c)?;
+                }
+                Ok(Control::Abort(_)) => {}
+                Ok(Control::Shutdown) => return Ok(()),
+                Err(RecvTimeoutError::Timeout) => {
+                    if cancel.load(Ordering::Relaxed) {
+                        return Err(TaskFailure::Cancelled { task: id.clone() });
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(TaskFailure::Cancelled { task: id.clone() }),
+            }
+        }
+    }
+}

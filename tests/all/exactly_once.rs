@@ -1,0 +1,235 @@
+//! Exactly-once, proven with an oracle: generator sources emit per-key sequence numbers, a
+//! WASM operator (`test-oracle`, or the two-input `test-oracle-join`) keeps the next
+//! expected number per key in keyed state and reports every gap or duplicate on a side
+//! output, and a seeded failure injector breaks subtasks (guest trap, host panic, failure
+//! during an in-flight checkpoint) after N records and M completed checkpoints.
+//!
+//! Every seeded run must show zero violations, and its committed output and final state
+//! must equal the failure-free run's (golden output), at parallelism 1, > 1, and with a
+//! two-input operator. CI runs 20 seeds; run 500 with
+//! `WEIR_EXACTLY_ONCE_SEEDS=500 cargo test --release exactly_once_`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use weir::checkpoint::storage::CheckpointStore;
+use weir::job;
+use weir::runtime::executor::{self, RunOptions, RunSummary};
+use weir::runtime::faults::{FaultKind, FaultPlan};
+use weir::sandbox::engine::new_engine;
+
+use crate::support::{committed_lines, component, scratch, toml_path};
+
+/// A test topology.
+struct Topology {
+    name: &'static str,
+    /// (id, parallelism, count, keys) of each generator source.
+    sources: Vec<(&'static str, u32, u64, u64)>,
+    oracle_p: u32,
+    sink_p: u32,
+}
+
+fn one() -> Topology {
+    Topology { name: "p1", sources: vec![("gen", 1, 24_000, 40)], oracle_p: 1, sink_p: 1 }
+}
+
+fn parallel() -> Topology {
+    Topology { name: "p3", sources: vec![("gen", 2, 30_000, 64)], oracle_p: 3, sink_p: 2 }
+}
+
+fn two_input() -> Topology {
+    Topology { name: "join", sources: vec![("left", 2, 20_000, 32), ("right", 1, 12_000, 24)], oracle_p: 2, sink_p: 2 }
+}
+
+fn job_toml(t: &Topology) -> String {
+    let mut s = format!(
+        "[job]\nname = \"eo-{}\"\nmax_parallelism = 16\nbatch_size = 64\nchannel_capacity = 4\n\
+         [checkpoint]\ninterval_ms = 15\ndir = \"chk\"\nretained = 2\n\
+         [restart]\nstrategy = \"fixed-delay\"\nattempts = 10\ndelay_ms = 5\n",
+        t.name
+    );
+    for (id, p, count, keys) in &t.sources {
+        s += &format!(
+            "[[source]]\nid = \"{id}\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\nparallelism = {p}\nrate = 25000\n"
+        );
+    }
+    let two = t.sources.len() == 2;
+    let (comp, config, inputs) = if two {
+        (
+            component("test_oracle_join"),
+            format!("{{ keys_left = \"{}\", keys_right = \"{}\" }}", t.sources[0].3, t.sources[1].3),
+            "[{ from = \"left\", partition = \"hash\", side = \"left\" }, { from = \"right\", partition = \"hash\", side = \"right\" }]"
+                .to_string(),
+        )
+    } else {
+        (
+            component("test_oracle"),
+            format!("{{ keys = \"{}\" }}", t.sources[0].3),
+            "[{ from = \"gen\", partition = \"hash\" }]".into(),
+        )
+    };
+    s += &format!(
+        "[[operator]]\nid = \"oracle\"\ncomponent = {}\nparallelism = {}\nconfig = {config}\ninputs = {inputs}\n",
+        toml_path(&comp),
+        t.oracle_p
+    );
+    s += &format!(
+        "[[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {}\ninputs = [{{ from = \"oracle\", partition = \"rebalance\" }}]\n\
+         [[sink]]\nid = \"violations\"\ntype = \"file\"\npath = \"violations\"\ninputs = [{{ from = \"oracle\", output = \"violations\" }}]\n",
+        t.sink_p
+    );
+    s
+}
+
+/// What the oracle must see: every (key, seq) of every source exactly once.
+fn golden(t: &Topology) -> Vec<String> {
+    let two = t.sources.len() == 2;
+    let mut v = Vec::new();
+    for (n, (_, _, count, keys)) in t.sources.iter().enumerate() {
+        let prefix = if !two {
+            ""
+        } else if n == 0 {
+            "L "
+        } else {
+            "R "
+        };
+        v.extend((0..*count).map(|i| format!("{prefix}{} {}", i % keys, i / keys)));
+    }
+    v.sort();
+    v
+}
+
+/// Decodes the guest's keyed-state blobs (layout in `wit/operator.wit`) into
+/// (state, key) → value bytes.
+fn decode_state(blob: &[u8], out: &mut BTreeMap<(String, Vec<u8>), Vec<u8>>) {
+    let mut pos = 0;
+    let u32_at = |pos: &mut usize| {
+        let v = u32::from_le_bytes(blob[*pos..*pos + 4].try_into().unwrap()) as usize;
+        *pos += 4;
+        v
+    };
+    let states = u32_at(&mut pos);
+    for _ in 0..states {
+        let n = u32_at(&mut pos);
+        let name = String::from_utf8(blob[pos..pos + n].to_vec()).unwrap();
+        pos += n;
+        let entries = u32_at(&mut pos);
+        for _ in 0..entries {
+            let k = u32_at(&mut pos);
+            let key = blob[pos..pos + k].to_vec();
+            pos += k;
+            let v = u32_at(&mut pos);
+            out.insert((name.clone(), key), blob[pos..pos + v].to_vec());
+            pos += v;
+        }
+    }
+    assert_eq!(pos, blob.len(), "trailing bytes in a state blob");
+}
+
+struct Outcome {
+    lines: Vec<String>,
+    violations: Vec<String>,
+    state: BTreeMap<(String, Vec<u8>), Vec<u8>>,
+    summary: RunSummary,
+}
+
+fn run(t: &Topology, dir: &Path, faults: Option<Arc<FaultPlan>>) -> Outcome {
+    let toml = job_toml(t);
+    let path = dir.join("job.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let graph = job::parse(&path, &toml).unwrap();
+    let bound = job::bind::bind(&new_engine().unwrap(), graph).unwrap();
+    let summary = executor::run(&bound, &RunOptions { quiet_guests: true, faults, ..Default::default() })
+        .unwrap_or_else(|e| panic!("{}: run failed: {e}", t.name));
+    let store = CheckpointStore::new(&dir.join("chk"), &format!("eo-{}", t.name));
+    let last = store.latest(|e| panic!("unexpected unusable checkpoint: {e}")).expect("a final checkpoint");
+    assert!(last.manifest.finished, "the last checkpoint of a finished job is its final one");
+    let mut state = BTreeMap::new();
+    for ((uid, _), st) in &last.states {
+        if uid == "oracle" {
+            for kg in &st.keyed {
+                decode_state(&kg.data, &mut state);
+            }
+        }
+    }
+    Outcome {
+        lines: committed_lines(&dir.join("out")),
+        violations: committed_lines(&dir.join("violations")),
+        state,
+        summary,
+    }
+}
+
+fn seeds() -> u64 {
+    std::env::var("WEIR_EXACTLY_ONCE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20)
+}
+
+/// Runs topology `t` failure-free, then once per seed `s` with `s % 3 == share`, each with
+/// 1-3 seeded failures; checks the oracle, the golden output and the final state.
+fn check_topology(t: Topology, share: u64) {
+    let base_dir = scratch();
+    let base = run(&t, base_dir.path(), None);
+    assert_eq!(base.summary.attempts, 1);
+    assert!(base.violations.is_empty(), "{:?}", base.violations);
+    assert_eq!(base.lines, golden(&t), "failure-free output");
+    assert!(base.summary.checkpoints >= 3, "the run must be long enough for checkpoints: {}", base.summary.checkpoints);
+    assert!(!base.state.is_empty());
+
+    let kinds = [FaultKind::GuestTrap, FaultKind::HostPanic, FaultKind::DuringCheckpoint];
+    let per_subtask: u64 = t.sources.iter().map(|s| s.2).sum::<u64>() / t.oracle_p as u64;
+    for seed in (0..seeds()).filter(|s| s % 3 == share) {
+        let failures = 1 + (seed % 3) as u32;
+        let plan = Arc::new(FaultPlan::seeded(seed, failures, &[("oracle", t.oracle_p)], per_subtask / 5, 1, &kinds));
+        let dir = scratch();
+        let got = run(&t, dir.path(), Some(plan.clone()));
+        let ctx = format!("topology {} seed {seed}, faults {:?}", t.name, plan.faults());
+        assert_eq!(got.summary.attempts, failures + 1, "every planned failure must fire: {ctx}");
+        assert!(
+            got.violations.is_empty(),
+            "oracle violations: {:?} ({ctx})",
+            &got.violations[..got.violations.len().min(5)]
+        );
+        assert!(got.lines == base.lines, "committed output differs from the failure-free run ({ctx})");
+        assert!(got.state == base.state, "final state differs from the failure-free run ({ctx})");
+    }
+}
+
+#[test]
+fn exactly_once_at_parallelism_one_under_seeded_failures() {
+    check_topology(one(), 0);
+}
+
+#[test]
+fn exactly_once_at_parallelism_three_under_seeded_failures() {
+    check_topology(parallel(), 1);
+}
+
+#[test]
+fn exactly_once_with_a_two_input_operator_under_seeded_failures() {
+    check_topology(two_input(), 2);
+}
+
+#[test]
+fn exactly_once_job_fails_with_the_cause_after_its_restart_attempts() {
+    let t = one();
+    let dir = scratch();
+    let toml = job_toml(&t).replace("attempts = 10", "attempts = 2");
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let bound = job::bind::bind(&new_engine().unwrap(), job::parse(&path, &toml).unwrap()).unwrap();
+    // A trap in every attempt: the job gives up after 1 + 2 attempts and names the cause.
+    let faults: Vec<_> = (0..3)
+        .map(|attempt| weir::runtime::faults::Fault {
+            attempt,
+            node: "oracle".into(),
+            subtask: 0,
+            after_records: 10,
+            after_checkpoints: 0,
+            kind: FaultKind::GuestTrap,
+        })
+        .collect();
+    let opts = RunOptions { quiet_guests: true, faults: Some(Arc::new(FaultPlan::new(faults))), ..Default::default() };
+    let e = executor::run(&bound, &opts).unwrap_err().to_string();
+    assert!(e.contains("failed after 3 attempt(s)") && e.contains("oracle#0") && e.contains("injected trap"), "{e}");
+}
