@@ -7,4 +7,5 @@ mod boundary;
 mod errors;
 mod exactly_once;
 mod examples;
+mod process_recovery;
 mod support;

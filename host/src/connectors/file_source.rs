@@ -19,6 +19,9 @@ pub struct FileSource {
     subtask: u64,
     parallelism: u64,
     key_column: Option<u32>,
+    rate: Option<u64>,
+    started: std::time::Instant,
+    emitted: u64,
 }
 
 /// Why a file source stopped.
@@ -31,7 +34,13 @@ pub enum FileSourceError {
 
 impl FileSource {
     /// Opens `path` for subtask `subtask` of `parallelism`.
-    pub fn open(path: &Path, subtask: u32, parallelism: u32, key_column: Option<u32>) -> std::io::Result<Self> {
+    pub fn open(
+        path: &Path,
+        subtask: u32,
+        parallelism: u32,
+        key_column: Option<u32>,
+        rate: Option<u64>,
+    ) -> std::io::Result<Self> {
         Ok(FileSource {
             reader: BufReader::with_capacity(256 * 1024, File::open(path)?),
             line: Vec::new(),
@@ -40,6 +49,9 @@ impl FileSource {
             subtask: subtask as u64,
             parallelism: parallelism as u64,
             key_column,
+            rate,
+            started: std::time::Instant::now(),
+            emitted: 0,
         })
     }
 
@@ -58,6 +70,13 @@ impl FileSource {
 
     /// Emits up to `max` lines; returns how many (0 at end of file).
     pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<u32, FileSourceError> {
+        if let Some(rate) = self.rate {
+            let due = self.started + std::time::Duration::from_secs_f64(self.emitted as f64 / rate as f64);
+            if let Some(wait) = due.checked_duration_since(std::time::Instant::now()) {
+                out.flush().map_err(FileSourceError::Disconnected)?;
+                std::thread::sleep(wait);
+            }
+        }
         let mut n = 0;
         while n < max {
             self.line.clear();
@@ -86,6 +105,7 @@ impl FileSource {
                 .map_err(FileSourceError::Disconnected)?;
             n += 1;
         }
+        self.emitted += n as u64;
         Ok(n)
     }
 }

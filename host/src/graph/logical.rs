@@ -94,6 +94,8 @@ pub enum SourceKind {
         path: PathBuf,
         /// Key = this comma-separated column, if set.
         key_column: Option<u32>,
+        /// Lines per second per subtask (unlimited when absent).
+        rate: Option<u64>,
     },
     /// Deterministic generator.
     Generator(GeneratorConfig),

@@ -168,7 +168,11 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     return cx
                         .err(path.span(), format!("file source `{id}`: input file {} does not exist", full.display()));
                 }
-                SourceKind::File { path: full, key_column: s.key_column.as_ref().map(|k| *k.get_ref()) }
+                SourceKind::File {
+                    path: full,
+                    key_column: s.key_column.as_ref().map(|k| *k.get_ref()),
+                    rate: s.rate.as_ref().map(|v| *v.get_ref()).filter(|&r| r > 0),
+                }
             }
             "generator" => {
                 let Some(count) = &s.count else {

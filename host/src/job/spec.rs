@@ -80,7 +80,7 @@ pub struct SourceSpec {
     /// generator: value = this many pseudo-random bytes instead of the sequence number.
     #[serde(default)]
     pub value_bytes: Option<Spanned<u32>>,
-    /// generator: records per second per subtask (unlimited when absent).
+    /// generator and file: records per second per subtask (unlimited when absent).
     #[serde(default)]
     pub rate: Option<Spanned<u64>>,
     /// generator: seed of the value bytes.

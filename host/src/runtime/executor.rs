@@ -283,10 +283,10 @@ fn run_attempt(
                 NodeKind::Source(kind) => {
                     let mut reader = match kind {
                         SourceKind::Generator(cfg) => SourceReader::Generator(Generator::new(*cfg, s, n.parallelism)),
-                        SourceKind::File { path, key_column } => {
-                            SourceReader::File(FileSource::open(path, s, n.parallelism, *key_column).map_err(|e| {
-                                setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display()))
-                            })?)
+                        SourceKind::File { path, key_column, rate } => {
+                            SourceReader::File(FileSource::open(path, s, n.parallelism, *key_column, *rate).map_err(
+                                |e| setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display())),
+                            )?)
                         }
                     };
                     if let Some(pos) = restored.as_ref().and_then(|st| st.source) {
