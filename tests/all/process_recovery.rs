@@ -48,7 +48,7 @@ fn write_input(path: &Path, lines: usize, seed: u64) -> Vec<String> {
             let word = format!(
                 "{}{}",
                 WORDS[(s % WORDS.len() as u64) as usize],
-                if s % 7 == 0 { (s % 50).to_string() } else { String::new() }
+                if s.is_multiple_of(7) { (s % 50).to_string() } else { String::new() }
             );
             if w > 0 {
                 text.push(' ');
@@ -197,7 +197,7 @@ fn exactly_once_restore_skips_torn_and_corrupt_checkpoints_with_a_warning() {
     let out = spawn(&job, true).wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains(&format!("skipping checkpoint")) && stderr.contains(&format!("chk-{newest}")), "{stderr}");
+    assert!(stderr.contains("skipping checkpoint") && stderr.contains(&format!("chk-{newest}")), "{stderr}");
     assert!(stderr.contains("checksum mismatch"), "{stderr}");
     assert!(stderr.contains(&format!("chk-{}", newest + 1)) && stderr.contains("incomplete"), "{stderr}");
     assert!(stderr.contains(&format!("from checkpoint {}", newest - 1)), "{stderr}");
@@ -216,7 +216,6 @@ fn exactly_once_checkpoint_ids_keep_increasing_across_restarts() {
     let out = spawn(&job, true).wait_with_output().unwrap();
     assert!(out.status.success());
     let ids: Vec<u64> = store.list().iter().map(|l| l.id).collect();
-    assert!(ids.iter().all(|&i| i <= before || i > before), "{ids:?}");
     assert!(*ids.last().unwrap() > before, "a restarted job continues the ids: {ids:?} after {before}");
     // `weir checkpoints list` shows them; `inspect` verifies the newest.
     let list = weir().args(["checkpoints", "list"]).arg(dir.path().join("checkpoints")).output().unwrap();
