@@ -21,6 +21,7 @@ pub mod graph;
 pub mod ids;
 pub mod job;
 pub mod keygroup;
+pub mod operator;
 pub mod record;
 pub mod runtime;
 pub mod sandbox;

@@ -120,6 +120,16 @@ impl<'a> Iterator for Records<'a> {
 /// A malformed batch (from a guest).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum FramingError {
+    /// A tag (output port) out of range.
+    #[error("record at byte {offset} is tagged {tag}, above the highest valid tag {max}")]
+    Tag {
+        /// Where the record starts.
+        offset: usize,
+        /// Its tag.
+        tag: u32,
+        /// Highest valid tag.
+        max: u32,
+    },
     /// Fewer than 20 bytes where a header should be.
     #[error("truncated record header at byte {offset}")]
     TruncatedHeader {
@@ -164,13 +174,21 @@ fn split_record(buf: &[u8]) -> Split<'_> {
 
 /// Checks that `buf` is a sequence of well-formed records; returns how many.
 pub fn validate(buf: &[u8]) -> Result<u32, FramingError> {
+    validate_tags(buf, u32::MAX)
+}
+
+/// Like [`validate`], and checks in the same pass that every tag is at most `max_tag`.
+pub fn validate_tags(buf: &[u8], max_tag: u32) -> Result<u32, FramingError> {
     let mut rest = buf;
     let mut n = 0u32;
     loop {
         let offset = buf.len() - rest.len();
         match split_record(rest) {
             Ok(None) => return Ok(n),
-            Ok(Some((_, r))) => {
+            Ok(Some((rec, r))) => {
+                if rec.tag > max_tag {
+                    return Err(FramingError::Tag { offset, tag: rec.tag, max: max_tag });
+                }
                 rest = r;
                 n += 1;
             }

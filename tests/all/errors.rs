@@ -223,3 +223,23 @@ fn an_operator_that_fails_to_open_fails_the_job() {
     let e = run_job_in(dir.path(), &job).unwrap_err().to_string();
     assert!(e.contains("p#0") && e.contains("open failed on request"), "{e}");
 }
+
+#[test]
+fn a_stdout_sink_in_a_checkpointed_job_is_flagged_at_least_once() {
+    let dir = scratch();
+    let job = format!(
+        "[job]\nname = \"j\"\n[checkpoint]\ninterval_ms = 1000\ndir = \"chk\"\n[[source]]\nid = \"a\"\ntype = \"generator\"\ncount = 3\nkeys = 3\n\
+         [[operator]]\nid = \"c\"\ncomponent = {}\ninputs = [{{ from = \"a\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"screen\"\ntype = \"stdout\"\ninputs = [{{ from = \"c\" }}]\n",
+        counter()
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, job).unwrap();
+    let out = weir().args(["run", "--progress", "0"]).arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: sink `screen` writes to stdout") && stderr.contains("at-least-once"), "{stderr}");
+    let mut stdout: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    stdout.sort();
+    assert_eq!(stdout, vec!["0 1", "1 1", "2 1"]);
+}

@@ -207,3 +207,63 @@ inputs = [{{ from = "probe" }}]
     );
     assert_eq!(std::fs::read_to_string(dir.path().join("main/part-0-0")).unwrap(), "a=1\n");
 }
+
+#[test]
+fn native_benchmark_counter_matches_the_component_byte_for_byte() {
+    // `native:keyed-count` exists only to measure the engine without the WASM boundary; it
+    // must be the same operator, or the comparison means nothing.
+    let job = |component: &str| {
+        format!(
+            "[job]\nname = \"n\"\nmax_parallelism = 32\n[[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 20000\nkeys = 300\n\
+             [[operator]]\nid = \"count\"\ncomponent = {component}\nparallelism = 3\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+             [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nformat = \"key_value\"\ninputs = [{{ from = \"count\" }}]\n"
+        )
+    };
+    let (a, b) = (scratch(), scratch());
+    run_job_in(a.path(), &job(&toml_path(&component("wordcount_counter")))).unwrap();
+    run_job_in(b.path(), &job("\"native:keyed-count\"")).unwrap();
+    let (wasm, native) = (committed_lines(&a.path().join("out")), committed_lines(&b.path().join("out")));
+    assert_eq!(wasm.len(), 20_000);
+    assert_eq!(wasm, native);
+}
+
+#[test]
+fn native_benchmark_counter_restores_the_components_snapshot() {
+    use weir::graph::logical::Side;
+    use weir::keygroup::key_group;
+    use weir::operator::OperatorLogic;
+    use weir::record::Batch;
+    use weir::sandbox::bindings::types::{SnapshotMode, TaskInfo};
+    use weir::sandbox::host::HostState;
+    let task = TaskInfo {
+        job_name: "j".into(),
+        operator_uid: "count".into(),
+        subtask_index: 0,
+        parallelism: 1,
+        max_parallelism: 16,
+        key_group_start: 0,
+        key_group_end: 16,
+    };
+    let batch = |keys: &[&str]| {
+        let mut b = Batch::default();
+        for k in keys {
+            b.push(key_group(k.as_bytes(), 16), 0, k.as_bytes(), b"");
+        }
+        b
+    };
+    let c = weir::sandbox::instance::LoadedComponent::load(
+        &weir::sandbox::engine::new_engine().unwrap(),
+        "count",
+        &component("wordcount_counter"),
+    )
+    .unwrap();
+    let mut wasm = c.instantiate(HostState::new(task.clone(), 0)).unwrap();
+    wasm.open(&[]).unwrap();
+    wasm.process(Side::Left, &batch(&["a", "b", "a"])).unwrap();
+    let snap = wasm.snapshot(1, SnapshotMode::Full).unwrap();
+    let mut native = weir::operator::native::NativeKeyedCount::new(HostState::new(task, 0));
+    native.restore(1, &snap).unwrap();
+    native.process(Side::Left, &batch(&["a", "b"])).unwrap();
+    let out: Vec<String> = native.take_emitted().iter().map(|r| String::from_utf8_lossy(r.value).into()).collect();
+    assert_eq!(out, vec!["a 3", "b 2"]);
+}

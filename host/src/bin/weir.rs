@@ -107,10 +107,10 @@ fn real_main(cli: Cli) -> Result<()> {
                         "  {} x{}: {} {} (state schema {}, {}-input)",
                         n.id,
                         n.parallelism,
-                        c.info.name,
-                        c.info.version,
-                        c.info.schema_version,
-                        if c.info.two_input { "two" } else { "one" }
+                        c.info().name,
+                        c.info().version,
+                        c.info().schema_version,
+                        if c.info().two_input { "two" } else { "one" }
                     ),
                     None => println!("  {} x{}", n.id, n.parallelism),
                 }
@@ -124,6 +124,9 @@ fn real_main(cli: Cli) -> Result<()> {
             let engine =
                 new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
             let bound = job::bind::bind(&engine, graph)?;
+            for w in &bound.warnings {
+                eprintln!("warning: {w}");
+            }
             eprintln!(
                 "running job `{}` ({} subtasks)",
                 bound.graph.name,

@@ -9,6 +9,7 @@ use wasmtime::Engine;
 use crate::graph::logical::{JobGraph, NodeKind, Side};
 use crate::graph::partition::Partition;
 use crate::job::JobError;
+use crate::operator::OperatorFactory;
 use crate::runtime::error::RunError;
 use crate::sandbox::instance::LoadedComponent;
 
@@ -17,7 +18,9 @@ pub struct BoundJob {
     /// The graph, with output ports resolved.
     pub graph: JobGraph,
     /// Component of each operator node, by node index.
-    pub components: BTreeMap<usize, Arc<LoadedComponent>>,
+    pub components: BTreeMap<usize, OperatorFactory>,
+    /// Things the user should know before running (e.g. a sink weaker than exactly-once).
+    pub warnings: Vec<String>,
 }
 
 /// Loads every component of `graph` and checks the graph against them.
@@ -25,14 +28,18 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
     let mut components = BTreeMap::new();
     for (i, n) in graph.nodes.iter().enumerate() {
         if let NodeKind::Operator(op) = &n.kind {
-            let c = LoadedComponent::load(engine, n.id.as_str(), &op.component)?;
-            components.insert(i, Arc::new(c));
+            let f = if op.component.as_os_str() == "native:keyed-count" {
+                OperatorFactory::NativeKeyedCount(Arc::new(crate::operator::native::info()))
+            } else {
+                OperatorFactory::Wasm(Arc::new(LoadedComponent::load(engine, n.id.as_str(), &op.component)?))
+            };
+            components.insert(i, f);
         }
     }
     let err = |line: usize, message: String| JobError { file: graph.file.clone(), line: Some(line), message };
     for (&i, c) in &components {
         let node = &graph.nodes[i];
-        let info = &c.info;
+        let info = c.info();
         let inputs: Vec<_> = graph.inputs_of(i).collect();
         if info.two_input {
             for e in &inputs {
@@ -80,7 +87,7 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
     for e in &mut graph.edges {
         let Some(name) = &e.output else { continue };
         let c = &components[&e.from];
-        match c.info.side_outputs.iter().position(|s| s == name) {
+        match c.info().side_outputs.iter().position(|s| s == name) {
             Some(p) => e.port = p as u32 + 1,
             None => {
                 return Err(JobError {
@@ -89,12 +96,24 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
                     message: format!(
                         "`{}` has no side output `{name}`; it declares: [{}]",
                         graph.nodes[e.from].id,
-                        c.info.side_outputs.join(", ")
+                        c.info().side_outputs.join(", ")
                     ),
                 }
                 .into());
             }
         }
     }
-    Ok(BoundJob { graph, components })
+    let mut warnings = Vec::new();
+    if graph.checkpoint.is_some() {
+        for n in &graph.nodes {
+            if let NodeKind::Sink(crate::graph::logical::SinkKind::Stdout { .. }) = &n.kind {
+                warnings.push(format!(
+                    "sink `{}` writes to stdout, which cannot be rolled back: its output is at-least-once \
+                     (records may repeat after a failure); use a file sink for exactly-once output",
+                    n.id
+                ));
+            }
+        }
+    }
+    Ok(BoundJob { graph, components, warnings })
 }

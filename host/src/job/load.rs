@@ -201,8 +201,12 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
     for o in &spec.operator {
         let id = add_id(cx, &o.id)?;
         let p = parallelism(cx, &o.parallelism, default_p, max_p, id.as_str())?;
-        let component = cx.path(o.component.get_ref());
-        if !component.is_file() {
+        let native = o.component.get_ref().starts_with("native:");
+        if native && o.component.get_ref() != "native:keyed-count" {
+            return cx.err(o.component.span(), format!("operator `{id}`: unknown native operator `{}`; the only one is `native:keyed-count` (for benchmarks)", o.component.get_ref()));
+        }
+        let component = if native { PathBuf::from(o.component.get_ref()) } else { cx.path(o.component.get_ref()) };
+        if !native && !component.is_file() {
             return cx.err(
                 o.component.span(),
                 format!(

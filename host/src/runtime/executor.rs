@@ -248,9 +248,9 @@ fn run_attempt(
             },
             parallelism: n.parallelism,
             component: job.components.get(&i).map(|c| ComponentEntry {
-                name: c.info.name.clone(),
-                version: c.info.version.clone(),
-                schema_version: c.info.schema_version,
+                name: c.info().name.clone(),
+                version: c.info().version.clone(),
+                schema_version: c.info().schema_version,
             }),
         })
         .collect();
@@ -316,14 +316,14 @@ fn run_attempt(
                     let schema_version = restore
                         .and_then(|c| c.manifest.operator(n.id.as_str()))
                         .and_then(|o| o.component.as_ref())
-                        .map_or(component.info.schema_version, |c| c.schema_version);
+                        .map_or(component.info().schema_version, |c| c.schema_version);
                     let restore = restored.map(|state| Restore { schema_version, state });
                     let config = op.config.clone();
                     let quiet = opts.quiet_guests;
                     let faults = opts.faults.clone().map(|plan| Faults { plan, attempt });
                     let id2 = id.clone();
                     Task::Operator(Box::new(move || {
-                        let mut host = HostState::new(info, component.info.side_outputs.len() as u32);
+                        let mut host = HostState::new(info, component.info().side_outputs.len() as u32);
                         host.echo_logs = !quiet;
                         let instance = component
                             .instantiate(host)

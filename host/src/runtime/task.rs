@@ -15,6 +15,7 @@ use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::control::{Control, Timing};
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
 use crate::ids::{CheckpointId, TaskId};
+use crate::operator::OperatorLogic;
 use crate::record::{Batch, NO_KEY_GROUP};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::faults::{FaultKind, FaultPlan};
@@ -24,7 +25,7 @@ use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{Disconnected, Output};
 use crate::runtime::participant::Participant;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
-use crate::sandbox::instance::{GuestError, OperatorInstance};
+use crate::sandbox::instance::GuestError;
 
 /// State to restore before the first record.
 pub struct Restore {
@@ -47,7 +48,7 @@ pub struct OperatorTask {
     /// Who.
     pub id: TaskId,
     /// The guest.
-    pub instance: OperatorInstance,
+    pub instance: Box<dyn OperatorLogic>,
     /// Its `config` table.
     pub config: Vec<(String, String)>,
     /// Input channels.
@@ -71,7 +72,7 @@ fn now_ms() -> i64 {
 }
 
 /// Converts a guest snapshot plus the host's timers into a subtask's checkpoint state.
-pub fn capture(instance: &mut OperatorInstance, snap: OperatorSnapshot) -> SubtaskState {
+pub fn capture(instance: &mut dyn OperatorLogic, snap: OperatorSnapshot) -> SubtaskState {
     let mut groups: std::collections::BTreeMap<u32, KeyGroupSnapshot> = snap
         .keyed
         .into_iter()
@@ -174,7 +175,7 @@ impl OperatorTask {
 
     fn snapshot_state(&mut self, id: CheckpointId) -> Result<SubtaskState, TaskFailure> {
         let snap = self.instance.snapshot(id.0, SnapshotMode::Full).map_err(|e| self.guest(e))?;
-        Ok(capture(&mut self.instance, snap))
+        Ok(capture(self.instance.as_mut(), snap))
     }
 
     /// An aligned barrier: forward it, capture the state (synchronous part), hand it to the

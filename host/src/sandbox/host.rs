@@ -86,23 +86,15 @@ impl collector::Host for HostState {
                 self.max_emit_bytes
             );
         }
-        let n =
-            record::validate(&batch).map_err(|e| wasmtime::format_err!("{}: malformed emit-batch: {e}", self.label))?;
-        // Check ports: 0 = main, 1..=max_port side outputs.
-        let mut rest = &batch[..];
-        while !rest.is_empty() {
-            let tag = u32::from_le_bytes(rest[0..4].try_into().unwrap());
-            if tag > self.max_port {
-                wasmtime::bail!(
-                    "{}: emitted on output port {tag}, but the operator declares {} side output(s)",
-                    self.label,
-                    self.max_port
-                );
-            }
-            let klen = u32::from_le_bytes(rest[12..16].try_into().unwrap()) as usize;
-            let vlen = u32::from_le_bytes(rest[16..20].try_into().unwrap()) as usize;
-            rest = &rest[record::HEADER_LEN + klen + vlen..];
-        }
+        // One pass: framing, and every tag is a declared port (0 = main, 1..=max_port).
+        let n = record::validate_tags(&batch, self.max_port).map_err(|e| match e {
+            record::FramingError::Tag { tag, .. } => wasmtime::format_err!(
+                "{}: emitted on output port {tag}, but the operator declares {} side output(s)",
+                self.label,
+                self.max_port
+            ),
+            e => wasmtime::format_err!("{}: malformed emit-batch: {e}", self.label),
+        })?;
         if self.emitted.is_empty() {
             self.emitted = batch;
         } else {

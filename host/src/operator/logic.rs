@@ -1,0 +1,93 @@
+//! The operator interface the subtask loop drives, and the factory a job binds per operator.
+//!
+//! Invariant: both implementations speak the same contract — the WIT record framing, the
+//! per-key-group state layout, the same host state (timers, watermark) — so a subtask
+//! cannot tell them apart, and a snapshot of one restores into the other.
+
+use std::sync::Arc;
+
+use crate::graph::logical::Side;
+use crate::operator::native::NativeKeyedCount;
+use crate::record::Batch;
+use crate::sandbox::bindings::types::{OperatorSnapshot, SnapshotMode, TimeDomain};
+use crate::sandbox::host::HostState;
+use crate::sandbox::instance::{GuestError, LoadedComponent, OperatorInfo, OperatorInstance};
+
+/// One operator instance of one subtask.
+pub trait OperatorLogic: Send {
+    /// Host-side state: task identity, watermark, timers.
+    fn host(&mut self) -> &mut HostState;
+    /// `open`.
+    fn open(&mut self, config: &[(String, String)]) -> Result<(), GuestError>;
+    /// `process` / `process-left` / `process-right`.
+    fn process(&mut self, side: Side, batch: &Batch) -> Result<(), GuestError>;
+    /// `on-timer`.
+    fn on_timer(&mut self, domain: TimeDomain, timers: &Batch) -> Result<(), GuestError>;
+    /// `on-watermark`.
+    fn on_watermark(&mut self, watermark: i64) -> Result<(), GuestError>;
+    /// `snapshot`.
+    fn snapshot(&mut self, checkpoint: u64, mode: SnapshotMode) -> Result<OperatorSnapshot, GuestError>;
+    /// `restore`.
+    fn restore(&mut self, schema_version: u32, state: &OperatorSnapshot) -> Result<(), GuestError>;
+    /// `close`.
+    fn close(&mut self) -> Result<(), GuestError>;
+    /// Records emitted since the last call.
+    fn take_emitted(&mut self) -> Batch;
+}
+
+impl OperatorLogic for OperatorInstance {
+    fn host(&mut self) -> &mut HostState {
+        OperatorInstance::host(self)
+    }
+    fn open(&mut self, config: &[(String, String)]) -> Result<(), GuestError> {
+        OperatorInstance::open(self, config)
+    }
+    fn process(&mut self, side: Side, batch: &Batch) -> Result<(), GuestError> {
+        OperatorInstance::process(self, side, batch)
+    }
+    fn on_timer(&mut self, domain: TimeDomain, timers: &Batch) -> Result<(), GuestError> {
+        OperatorInstance::on_timer(self, domain, timers)
+    }
+    fn on_watermark(&mut self, watermark: i64) -> Result<(), GuestError> {
+        OperatorInstance::on_watermark(self, watermark)
+    }
+    fn snapshot(&mut self, checkpoint: u64, mode: SnapshotMode) -> Result<OperatorSnapshot, GuestError> {
+        OperatorInstance::snapshot(self, checkpoint, mode)
+    }
+    fn restore(&mut self, schema_version: u32, state: &OperatorSnapshot) -> Result<(), GuestError> {
+        OperatorInstance::restore(self, schema_version, state)
+    }
+    fn close(&mut self) -> Result<(), GuestError> {
+        OperatorInstance::close(self)
+    }
+    fn take_emitted(&mut self) -> Batch {
+        OperatorInstance::take_emitted(self)
+    }
+}
+
+/// Makes the operator instances of one job node.
+#[derive(Clone)]
+pub enum OperatorFactory {
+    /// A compiled, checked WebAssembly component.
+    Wasm(Arc<LoadedComponent>),
+    /// `component = "native:keyed-count"`: the benchmark-only native keyed counter.
+    NativeKeyedCount(Arc<OperatorInfo>),
+}
+
+impl OperatorFactory {
+    /// What the operator declares.
+    pub fn info(&self) -> &OperatorInfo {
+        match self {
+            OperatorFactory::Wasm(c) => &c.info,
+            OperatorFactory::NativeKeyedCount(i) => i,
+        }
+    }
+
+    /// A new instance for the subtask described by `host`.
+    pub fn instantiate(&self, host: HostState) -> Result<Box<dyn OperatorLogic>, GuestError> {
+        Ok(match self {
+            OperatorFactory::Wasm(c) => Box::new(c.instantiate(host)?),
+            OperatorFactory::NativeKeyedCount(_) => Box::new(NativeKeyedCount::new(host)),
+        })
+    }
+}

@@ -1,0 +1,8 @@
+//! What the subtask loop runs: an operator behind [`OperatorLogic`] — a WebAssembly component
+//! instance (the product), or a native operator compiled into the host (only to measure
+//! the engine's physical limit against the same logic in WASM).
+
+mod logic;
+pub mod native;
+
+pub use logic::{OperatorFactory, OperatorLogic};
