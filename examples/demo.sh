@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 rustup target add wasm32-unknown-unknown >/dev/null
 cargo build --release -p weir
-cargo build --profile guest --target wasm32-unknown-unknown -p wordcount-tokenizer -p wordcount-counter -p enrich-enricher
+cargo build --profile guest --target wasm32-unknown-unknown -p wordcount-tokenizer -p wordcount-counter -p enrich-enricher -p iterate-split -p iterate-components
 
 target/release/weir run examples/wordcount/job.toml
 

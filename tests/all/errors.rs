@@ -131,7 +131,12 @@ fn cycles_are_named() {
         counter()
     );
     let e = validate_fails(&job, |_| {});
-    assert!(e.contains("cycle") && (e.contains("count -> b -> count") || e.contains("b -> count -> b")), "{e}");
+    assert!(
+        e.contains("loop")
+            && e.contains("feedback = true")
+            && (e.contains("count -> b -> count") || e.contains("b -> count -> b")),
+        "{e}"
+    );
 }
 
 #[test]

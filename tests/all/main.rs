@@ -4,6 +4,7 @@
 //! Every test runs the real WebAssembly components (built on first use by `support`).
 
 mod boundary;
+mod cycles;
 mod errors;
 mod exactly_once;
 mod examples;

@@ -22,6 +22,9 @@ const GUESTS: &[&str] = &[
     "test-wrong-world",
     "test-oracle",
     "test-oracle-join",
+    "test-loop-oracle",
+    "iterate-split",
+    "iterate-components",
 ];
 
 /// Builds every guest component once per test run; returns their directory.

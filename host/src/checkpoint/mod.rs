@@ -2,6 +2,7 @@
 //! coordinator, recovery mapping), their thin drivers, and checkpoint storage.
 
 pub mod alignment;
+pub mod backedge;
 pub mod control;
 pub mod coordinator;
 pub mod driver;

@@ -121,12 +121,64 @@ pub fn plan(chk: &LoadedCheckpoint, graph: &JobGraph, allow_unmatched: bool) -> 
                     } else {
                         Vec::new()
                     };
-                    plan[ni][s as usize] = Some(SubtaskState { keyed, operator_state, source: None, sink: None });
+                    let backedge_log = if old_p == new_p {
+                        state_of(s).map(|st| st.backedge_log.clone()).unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    plan[ni][s as usize] =
+                        Some(SubtaskState { keyed, operator_state, backedge_log, ..Default::default() });
+                }
+                if old_p != new_p {
+                    redistribute_log(&mut plan[ni], (0..old_p).filter_map(state_of), graph.max_parallelism, new_p)
+                        .map_err(|()| RecoveryError::OperatorState {
+                            uid: entry.uid.clone(),
+                            chk: id,
+                            old: old_p,
+                            new: new_p,
+                        })?;
                 }
             }
         }
     }
     Ok(plan)
+}
+
+/// Moves back-edge records in transit to the subtask that owns each record's key group at
+/// the new parallelism. Err if a record has no key group (a non-hash feedback edge).
+fn redistribute_log<'a>(
+    plan: &mut [Option<SubtaskState>],
+    old: impl Iterator<Item = &'a SubtaskState>,
+    max_parallelism: u32,
+    new_p: u32,
+) -> Result<(), ()> {
+    use crate::checkpoint::snapshot::LoggedBatch;
+    use crate::keygroup::operator_index;
+    use crate::record::{Batch, NO_KEY_GROUP};
+    for st in old {
+        for lb in &st.backedge_log {
+            let batch = Batch::from_validated(lb.bytes.clone(), lb.records);
+            let mut parts: Vec<Batch> = (0..new_p).map(|_| Batch::default()).collect();
+            for r in batch.iter() {
+                if r.tag == NO_KEY_GROUP {
+                    return Err(());
+                }
+                parts[operator_index(r.tag, max_parallelism, new_p) as usize].push(r.tag, r.timestamp, r.key, r.value);
+            }
+            for (s, b) in parts.into_iter().enumerate() {
+                if !b.is_empty()
+                    && let Some(target) = plan[s].as_mut()
+                {
+                    target.backedge_log.push(LoggedBatch {
+                        side: lb.side,
+                        records: b.len(),
+                        bytes: b.as_bytes().to_vec(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -49,6 +49,17 @@ pub struct SinkState {
     pub pending: Vec<(u64, u64)>,
 }
 
+/// Records that were in transit on a loop's back-edges in the checkpoint (ABS §3.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggedBatch {
+    /// 0 = left/only input, 1 = right input.
+    pub side: u8,
+    /// Number of records.
+    pub records: u32,
+    /// The batch in record framing.
+    pub bytes: Vec<u8>,
+}
+
 /// Everything one subtask hands over at a checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubtaskState {
@@ -60,6 +71,9 @@ pub struct SubtaskState {
     pub source: Option<SourcePosition>,
     /// Sink transaction state (file sinks).
     pub sink: Option<SinkState>,
+    /// Loop heads: records in transit on back-edges, replayed after the state on recovery.
+    #[serde(default)]
+    pub backedge_log: Vec<LoggedBatch>,
 }
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
@@ -138,6 +152,7 @@ mod tests {
             operator_state: vec![9],
             source: Some(SourcePosition::File { offset: 10, line: 2 }),
             sink: Some(SinkState { next_part: 4, pending: vec![(7, 3)] }),
+            backedge_log: vec![LoggedBatch { side: 0, records: 1, bytes: vec![1, 2] }],
         }
     }
 

@@ -59,6 +59,34 @@ impl JobGraph {
     pub fn outputs_of(&self, i: usize) -> impl Iterator<Item = &Edge> {
         self.edges.iter().filter(move |e| e.from == i)
     }
+
+    /// Whether `to` can be reached from `from` along edges (feedback edges included).
+    pub fn reaches(&self, from: usize, to: usize) -> bool {
+        let mut seen = vec![false; self.nodes.len()];
+        let mut stack = vec![from];
+        while let Some(n) = stack.pop() {
+            if n == to {
+                return true;
+            }
+            if std::mem::replace(&mut seen[n], true) {
+                continue;
+            }
+            stack.extend(self.outputs_of(n).map(|e| e.to));
+        }
+        false
+    }
+
+    /// Whether the job has loops.
+    pub fn is_cyclic(&self) -> bool {
+        self.edges.iter().any(|e| e.feedback)
+    }
+
+    /// Whether edge `e` (an index into `edges`) stays inside a loop: its target can reach its
+    /// source again. Loop heads end such edges first when the loop terminates.
+    pub fn edge_in_loop(&self, e: usize) -> bool {
+        let e = &self.edges[e];
+        self.reaches(e.to, e.from)
+    }
 }
 
 /// A node.
@@ -181,6 +209,8 @@ pub struct Edge {
     pub side_given: bool,
     /// Partitioning.
     pub partition: Partition,
+    /// A back-edge closing a loop.
+    pub feedback: bool,
     /// Line in the job file.
     pub line: usize,
 }

@@ -272,6 +272,33 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         }
     }
     check_acyclic(cx, &nodes, &edges)?;
+    for e in edges.iter().filter(|e| e.feedback) {
+        // A feedback edge must close a loop: its source must be reachable from its target
+        // without it.
+        let mut seen = vec![false; nodes.len()];
+        let mut stack = vec![e.to];
+        let mut closes = false;
+        while let Some(n) = stack.pop() {
+            if n == e.from {
+                closes = true;
+                break;
+            }
+            if std::mem::replace(&mut seen[n], true) {
+                continue;
+            }
+            stack.extend(edges.iter().filter(|x| x.from == n && !x.feedback).map(|x| x.to));
+        }
+        if !closes {
+            return Err(JobError {
+                file: cx.file.to_path_buf(),
+                line: Some(e.line),
+                message: format!(
+                    "the input of `{}` from `{}` is marked feedback but closes no loop (`{}` is not downstream of `{}`); remove `feedback = true`",
+                    nodes[e.to].id, nodes[e.from].id, nodes[e.from].id, nodes[e.to].id
+                ),
+            });
+        }
+    }
     for (i, n) in nodes.iter().enumerate() {
         if matches!(n.kind, NodeKind::Source(_)) && !edges.iter().any(|e| e.from == i) {
             return Err(JobError {
@@ -367,8 +394,15 @@ fn edge(
         return cx
             .err(input.from.span(), format!("`{}` reads from sink `{from_name}`; sinks have no output", to_node.id));
     }
-    if from == to {
-        return cx.err(input.from.span(), format!("`{}` reads from itself", to_node.id));
+    let feedback = input.feedback.as_ref().is_some_and(|f| *f.get_ref());
+    if from == to && !feedback {
+        return cx.err(
+            input.from.span(),
+            format!("`{}` reads from itself; a self-loop must be marked `feedback = true`", to_node.id),
+        );
+    }
+    if feedback && !matches!(to_node.kind, NodeKind::Operator(_)) {
+        return cx.err(input.from.span(), format!("`{}`: only operators can take feedback inputs", to_node.id));
     }
     let partition = match &input.partition {
         None if from_node.parallelism == to_node.parallelism => Partition::Forward,
@@ -420,6 +454,7 @@ fn edge(
         side,
         side_given: input.side.is_some(),
         partition,
+        feedback,
         line: cx.line(input.from.span()).unwrap_or(0),
     })
 }
@@ -436,7 +471,7 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
         let mut path = vec![root];
         colour[root] = 1;
         while let Some((node, next)) = stack.last_mut() {
-            let succ: Vec<&Edge> = edges.iter().filter(|e| e.from == *node).collect();
+            let succ: Vec<&Edge> = edges.iter().filter(|e| e.from == *node && !e.feedback).collect();
             if *next < succ.len() {
                 let e = succ[*next];
                 *next += 1;
@@ -454,8 +489,10 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
                             file: cx.file.to_path_buf(),
                             line: Some(e.line),
                             message: format!(
-                                "the inputs form a cycle {}; this version of Weir runs acyclic jobs only",
-                                names.join(" -> ")
+                                "the inputs form a loop {} with no edge marked as feedback; mark the input that \
+                                 closes the loop with `feedback = true` (e.g. {{ from = \"{}\", feedback = true }})",
+                                names.join(" -> "),
+                                nodes[*node].id
                             ),
                         });
                     }

@@ -145,6 +145,10 @@ pub struct InputSpec {
     /// A side output of the upstream operator instead of its main output.
     #[serde(default)]
     pub output: Option<Spanned<String>>,
+    /// This edge closes a loop (a back-edge): its channel never blocks the sender, and
+    /// checkpoints log the records in transit on it (ABS, cyclic graphs).
+    #[serde(default)]
+    pub feedback: Option<Spanned<bool>>,
 }
 
 /// `[checkpoint]`

@@ -38,6 +38,7 @@ use crate::runtime::participant::Participant;
 use crate::runtime::sink::{SinkTask, SinkWriter};
 use crate::runtime::source::{SourceReader, SourceTask};
 use crate::runtime::task::{Faults, OperatorTask, Restore};
+use crate::runtime::termination::LoopTermination;
 use crate::sandbox::bindings::types::TaskInfo;
 use crate::sandbox::host::HostState;
 
@@ -74,6 +75,8 @@ pub struct NodeSummary {
     pub records_in: u64,
     /// Records emitted.
     pub records_out: u64,
+    /// Loop heads: most batches queued on one back-edge.
+    pub feedback_peak_batches: u64,
 }
 
 /// What a finished run did.
@@ -216,19 +219,35 @@ fn run_attempt(
         g.nodes.iter().map(|n| (0..n.parallelism).map(|_| Vec::new()).collect()).collect();
     let mut outputs: Vec<Vec<Vec<EdgeOutput>>> =
         g.nodes.iter().map(|n| (0..n.parallelism).map(|_| Vec::new()).collect()).collect();
-    for e in &g.edges {
+    for (ei, e) in g.edges.iter().enumerate() {
         let (up, down) = (g.nodes[e.from].parallelism, g.nodes[e.to].parallelism);
+        let in_loop = g.edge_in_loop(ei);
         for u in 0..up {
             let targets: Vec<u32> = if e.partition == Partition::Forward { vec![u] } else { (0..down).collect() };
             let mut txs = Vec::with_capacity(targets.len());
             for d in targets {
-                let (tx, rx) = bounded(g.channel_capacity);
-                inputs[e.to][d as usize].push(InputChannel::new(rx, e.side));
+                // Back-edges are chosen per channel, as a DFS of the physical graph would
+                // (ABS §3.3): every channel of a feedback edge between two operators, but of
+                // a self-loop only the channels from subtask u to subtask d <= u. A self-loop
+                // channel to a higher subtask is a regular input of its target, aligned and
+                // parked like any other; otherwise a subtask could take a barrier on a
+                // back-edge before its own snapshot and fold post-barrier records into it.
+                let back = e.feedback && (e.from != e.to || d <= u);
+                // A back-edge never blocks its sender, so a loop cannot deadlock under
+                // backpressure; its backlog is bounded by the loop's work and reported.
+                let (tx, rx) = if back { unbounded() } else { bounded(g.channel_capacity) };
+                inputs[e.to][d as usize].push(InputChannel::new(rx, e.side).feedback(back));
                 txs.push(tx);
             }
-            outputs[e.from][u as usize].push(EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, u as usize));
+            let out = EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, u as usize).in_loop(in_loop);
+            outputs[e.from][u as usize].push(out);
         }
     }
+    let termination = g.is_cyclic().then(|| {
+        let sources =
+            g.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Source(_))).map(|n| n.parallelism as usize).sum();
+        Arc::new(LoopTermination::new(sources))
+    });
 
     // Checkpointing plumbing.
     let (events_tx, events_rx) = unbounded::<Event>();
@@ -300,6 +319,7 @@ fn run_attempt(
                         metrics: m,
                         cancel: c,
                         checkpoints: participant,
+                        termination: termination.clone(),
                     })
                 }
                 NodeKind::Operator(op) => {
@@ -321,6 +341,7 @@ fn run_attempt(
                     let config = op.config.clone();
                     let quiet = opts.quiet_guests;
                     let faults = opts.faults.clone().map(|plan| Faults { plan, attempt });
+                    let termination = termination.clone();
                     let id2 = id.clone();
                     Task::Operator(Box::new(move || {
                         let mut host = HostState::new(info, component.info().side_outputs.len() as u32);
@@ -339,6 +360,7 @@ fn run_attempt(
                             checkpoints: participant,
                             restore,
                             faults,
+                            termination,
                         })
                     }))
                 }
@@ -361,6 +383,7 @@ fn run_attempt(
                         metrics: m,
                         cancel: c,
                         checkpoints: participant,
+                        termination: termination.clone(),
                     })
                 }
             };
@@ -464,7 +487,8 @@ fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) 
         .zip(metrics)
         .map(|(n, m)| {
             let (records_in, records_out) = m.read();
-            NodeSummary { id: n.id.clone(), records_in, records_out }
+            let feedback_peak_batches = m.feedback_peak_batches.load(Ordering::Relaxed);
+            NodeSummary { id: n.id.clone(), records_in, records_out, feedback_peak_batches }
         })
         .collect()
 }

@@ -17,6 +17,8 @@ pub enum FaultKind {
     /// Fails at the next aligned barrier, after the snapshot is handed to the writer and
     /// before the barrier is forwarded: a checkpoint is in flight and can never complete.
     DuringCheckpoint,
+    /// A loop head fails while it is logging back-edge records for a checkpoint.
+    WhileLogging,
 }
 
 /// One planned failure.
@@ -90,7 +92,9 @@ impl FaultPlan {
     /// The fault (other than `DuringCheckpoint`) due now for this subtask, fired once.
     pub fn due(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> Option<FaultKind> {
         self.take(attempt, node, subtask, |f| {
-            f.kind != FaultKind::DuringCheckpoint && records >= f.after_records && checkpoints >= f.after_checkpoints
+            matches!(f.kind, FaultKind::GuestTrap | FaultKind::HostPanic)
+                && records >= f.after_records
+                && checkpoints >= f.after_checkpoints
         })
     }
 
@@ -98,6 +102,14 @@ impl FaultPlan {
     pub fn due_at_barrier(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> bool {
         self.take(attempt, node, subtask, |f| {
             f.kind == FaultKind::DuringCheckpoint && records >= f.after_records && checkpoints >= f.after_checkpoints
+        })
+        .is_some()
+    }
+
+    /// Whether to fail now, while logging back-edge records.
+    pub fn due_while_logging(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> bool {
+        self.take(attempt, node, subtask, |f| {
+            f.kind == FaultKind::WhileLogging && records >= f.after_records && checkpoints >= f.after_checkpoints
         })
         .is_some()
     }

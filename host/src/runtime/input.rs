@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Select};
 
-use crate::checkpoint::alignment::Aligner;
 use crate::checkpoint::control::Control;
 use crate::graph::logical::Side;
 use crate::runtime::message::Message;
@@ -19,6 +18,8 @@ pub struct InputChannel {
     pub rx: Receiver<Message>,
     /// Which input of a two-input operator it feeds.
     pub side: Side,
+    /// A back-edge of a loop (unbounded, never parked).
+    pub feedback: bool,
     watermark: i64,
     done: bool,
 }
@@ -26,7 +27,13 @@ pub struct InputChannel {
 impl InputChannel {
     /// Wraps a receiver.
     pub fn new(rx: Receiver<Message>, side: Side) -> Self {
-        InputChannel { rx, side, watermark: i64::MIN, done: false }
+        InputChannel { rx, side, feedback: false, watermark: i64::MIN, done: false }
+    }
+
+    /// Marks it a back-edge.
+    pub fn feedback(mut self, feedback: bool) -> Self {
+        self.feedback = feedback;
+        self
     }
 }
 
@@ -71,16 +78,21 @@ impl Inputs {
         self.channels.is_empty()
     }
 
-    /// The next message from an open input that `aligner` does not park, or from `control`:
+    /// The next message from an open input that is not `parked`, or from `control`:
     /// without waiting if `wait` is `None`, else up to `wait`. Parked inputs are not read
     /// at all, so their records stay queued behind the barrier (and backpressure their
     /// upstream), as ABS requires.
-    pub fn recv(&mut self, wait: Option<Duration>, aligner: &Aligner, control: Option<&Receiver<Control>>) -> Received {
+    pub fn recv(
+        &mut self,
+        wait: Option<Duration>,
+        parked: &dyn Fn(usize) -> bool,
+        control: Option<&Receiver<Control>>,
+    ) -> Received {
         let open: Vec<usize> = (0..self.channels.len()).filter(|&i| !self.channels[i].done).collect();
         if open.is_empty() {
             return Received::AllDone;
         }
-        let readable: Vec<usize> = open.iter().copied().filter(|&i| !aligner.is_parked(i)).collect();
+        let readable: Vec<usize> = open.iter().copied().filter(|&i| !parked(i)).collect();
         let mut sel = Select::new();
         for &i in &readable {
             sel.recv(&self.channels[i].rx);
@@ -105,6 +117,21 @@ impl Inputs {
             Ok(m) => Received::Message(i, m),
             Err(_) => Received::Disconnected,
         }
+    }
+
+    /// Whether input `index` is a back-edge.
+    pub fn is_feedback(&self, index: usize) -> bool {
+        self.channels[index].feedback
+    }
+
+    /// Which inputs are back-edges.
+    pub fn feedback_flags(&self) -> Vec<bool> {
+        self.channels.iter().map(|c| c.feedback).collect()
+    }
+
+    /// Largest number of batches queued on any open back-edge right now.
+    pub fn feedback_backlog(&self) -> usize {
+        self.channels.iter().filter(|c| c.feedback && !c.done).map(|c| c.rx.len()).max().unwrap_or(0)
     }
 
     /// Records end of stream on input `index`.

@@ -10,6 +10,9 @@ pub struct NodeMetrics {
     pub records_in: AtomicU64,
     /// Records emitted.
     pub records_out: AtomicU64,
+    /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
+    /// instead of blocking; this is their reported bound).
+    pub feedback_peak_batches: AtomicU64,
 }
 
 impl NodeMetrics {

@@ -12,3 +12,4 @@ pub mod restart;
 pub mod sink;
 pub mod source;
 pub mod task;
+pub mod termination;

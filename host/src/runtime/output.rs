@@ -21,6 +21,8 @@ pub struct EdgeOutput {
     selector: Selector,
     targets: Vec<Sender<Message>>,
     pending: Vec<Batch>,
+    in_loop: bool,
+    ended: bool,
 }
 
 impl EdgeOutput {
@@ -34,7 +36,13 @@ impl EdgeOutput {
     ) -> Self {
         let pending = (0..targets.len()).map(|_| Batch::with_capacity(16 * 1024)).collect();
         let selector = Selector::new(partition, targets.len(), max_parallelism, start);
-        EdgeOutput { port, selector, targets, pending }
+        EdgeOutput { port, selector, targets, pending, in_loop: false, ended: false }
+    }
+
+    /// Marks an edge that stays inside a loop (its target reaches its source again).
+    pub fn in_loop(mut self, in_loop: bool) -> Self {
+        self.in_loop = in_loop;
+        self
     }
 }
 
@@ -45,12 +53,17 @@ pub struct Output {
     batch_bytes: usize,
     /// Records emitted (counted per record, not per copy).
     pub records_out: u64,
+    /// Record copies pushed towards channels since the last `take_copies` (loop termination
+    /// counts records in flight).
+    copies: u64,
+    /// Records aimed at an edge that has already ended (a loop edge after the loop closed).
+    pub dropped_after_end: u64,
 }
 
 impl Output {
     /// Sends batches once they reach `batch_records` records or `batch_bytes` bytes.
     pub fn new(edges: Vec<EdgeOutput>, batch_records: u32, batch_bytes: usize) -> Self {
-        Output { edges, batch_records, batch_bytes, records_out: 0 }
+        Output { edges, batch_records, batch_bytes, records_out: 0, copies: 0, dropped_after_end: 0 }
     }
 
     /// Routes one record emitted on port `rec.tag`.
@@ -62,8 +75,13 @@ impl Output {
             if e.port != rec.tag {
                 continue;
             }
+            if e.ended {
+                self.dropped_after_end += 1;
+                continue;
+            }
             match e.selector.select(rec.key) {
                 Target::One { index, tag } => {
+                    self.copies += 1;
                     let b = &mut e.pending[index];
                     b.push(tag, rec.timestamp, rec.key, rec.value);
                     if b.len() >= limit_n || b.byte_len() >= limit_b {
@@ -71,6 +89,7 @@ impl Output {
                     }
                 }
                 Target::All => {
+                    self.copies += e.pending.len() as u64;
                     for (i, b) in e.pending.iter_mut().enumerate() {
                         b.push(crate::record::NO_KEY_GROUP, rec.timestamp, rec.key, rec.value);
                         if b.len() >= limit_n || b.byte_len() >= limit_b {
@@ -103,15 +122,33 @@ impl Output {
         Ok(())
     }
 
-    /// Flushes, then sends a copy of `make()` on every channel.
+    /// Flushes, then sends a copy of `make()` on every channel of every edge not ended.
     pub fn broadcast(&mut self, make: impl Fn() -> Message) -> Result<(), Disconnected> {
         self.flush()?;
-        for e in &self.edges {
+        for e in self.edges.iter().filter(|e| !e.ended) {
             for t in &e.targets {
                 t.send(make()).map_err(|_| Disconnected)?;
             }
         }
         Ok(())
+    }
+
+    /// Flushes, then ends every edge that stays inside a loop (end of stream on them); the
+    /// edges leaving the loop stay open.
+    pub fn end_loop_edges(&mut self) -> Result<(), Disconnected> {
+        self.flush()?;
+        for e in self.edges.iter_mut().filter(|e| e.in_loop && !e.ended) {
+            for t in &e.targets {
+                t.send(Message::EndOfStream).map_err(|_| Disconnected)?;
+            }
+            e.ended = true;
+        }
+        Ok(())
+    }
+
+    /// Record copies pushed since the last call.
+    pub fn take_copies(&mut self) -> u64 {
+        std::mem::take(&mut self.copies)
     }
 
     /// No outgoing edges (a sink).

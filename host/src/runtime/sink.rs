@@ -18,6 +18,7 @@ use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::participant::Participant;
+use crate::runtime::termination::LoopTermination;
 
 /// Where a sink subtask writes.
 pub enum SinkWriter {
@@ -43,6 +44,8 @@ pub struct SinkTask {
     pub cancel: Arc<AtomicBool>,
     /// Checkpointing links (`None`: checkpointing is off).
     pub checkpoints: Option<Participant>,
+    /// Records-in-flight accounting (jobs with loops only).
+    pub termination: Option<Arc<LoopTermination>>,
 }
 
 fn io_failure(task: &TaskId, what: &str, e: std::io::Error) -> TaskFailure {
@@ -85,12 +88,12 @@ impl SinkTask {
         let mut align_started: Option<Instant> = None;
         loop {
             let control = self.checkpoints.as_ref().map(|p| p.control.clone());
-            match self.inputs.recv(Some(Duration::from_millis(50)), &aligner, control.as_ref()) {
-                Received::Idle => {
-                    if self.cancel.load(Ordering::Relaxed) {
-                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
-                    }
-                }
+            let parked = |i: usize| aligner.is_parked(i);
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(TaskFailure::Cancelled { task: self.id.clone() });
+            }
+            match self.inputs.recv(Some(Duration::from_millis(50)), &parked, control.as_ref()) {
+                Received::Idle => {}
                 Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
                 Received::AllDone => break,
                 Received::Control(c) => match c {
@@ -129,6 +132,9 @@ impl SinkTask {
                             let _ = lock.flush();
                         }
                         SinkWriter::Blackhole => {}
+                    }
+                    if let Some(t) = &self.termination {
+                        t.account(0, batch.len() as u64);
                     }
                 }
                 Received::Message(_, Message::Watermark(_)) => {}

@@ -17,6 +17,7 @@ use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::Output;
 use crate::runtime::participant::Participant;
+use crate::runtime::termination::LoopTermination;
 
 /// The connector behind a source subtask.
 pub enum SourceReader {
@@ -69,6 +70,8 @@ pub struct SourceTask {
     pub cancel: Arc<AtomicBool>,
     /// Checkpointing links (`None`: checkpointing is off).
     pub checkpoints: Option<Participant>,
+    /// Records-in-flight accounting (jobs with loops only).
+    pub termination: Option<Arc<LoopTermination>>,
 }
 
 /// Generator sources emit a watermark every this many batches.
@@ -124,6 +127,9 @@ impl SourceTask {
                     FileSourceError::Disconnected(_) => TaskFailure::Disconnected { task: self.id.clone() },
                 })?,
             };
+            if let Some(t) = &self.termination {
+                t.account(self.output.take_copies(), 0);
+            }
             if n == 0 {
                 break;
             }
@@ -138,6 +144,9 @@ impl SourceTask {
         }
         self.poll_control()?;
         self.output.broadcast(|| Message::EndOfStream).map_err(|_| self.disconnected())?;
+        if let Some(t) = &self.termination {
+            t.source_finished();
+        }
         let Some(mut p) = self.checkpoints.take() else { return Ok(()) };
         let final_state = self.state();
         let (id, cancel) = (self.id.clone(), self.cancel.clone());

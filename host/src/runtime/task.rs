@@ -12,8 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
+use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
 use crate::checkpoint::control::{Control, Timing};
+use crate::checkpoint::snapshot::LoggedBatch;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
+use crate::graph::logical::Side;
 use crate::ids::{CheckpointId, TaskId};
 use crate::operator::OperatorLogic;
 use crate::record::{Batch, NO_KEY_GROUP};
@@ -24,6 +27,7 @@ use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{Disconnected, Output};
 use crate::runtime::participant::Participant;
+use crate::runtime::termination::LoopTermination;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::instance::GuestError;
 
@@ -65,6 +69,25 @@ pub struct OperatorTask {
     pub restore: Option<Restore>,
     /// Failure injection (tests).
     pub faults: Option<Faults>,
+    /// Records-in-flight accounting (jobs with loops only).
+    pub termination: Option<Arc<LoopTermination>>,
+}
+
+/// A loop head's checkpoint in progress: the state copied at alignment and the back-edge
+/// records logged since.
+struct PendingHead {
+    id: CheckpointId,
+    state: SubtaskState,
+    log: Vec<LoggedBatch>,
+    timing: Timing,
+}
+
+/// Extra state of a task with feedback inputs (a loop head).
+struct Head {
+    lh: LoopHead,
+    pending: Option<PendingHead>,
+    align_started: Option<Instant>,
+    loop_closed: bool,
 }
 
 fn now_ms() -> i64 {
@@ -94,12 +117,7 @@ pub fn capture(instance: &mut dyn OperatorLogic, snap: OperatorSnapshot) -> Subt
     for (kg, t) in host.processing_timers.by_key_group() {
         groups.entry(kg).or_insert_with(|| empty(kg)).processing_timers = t;
     }
-    SubtaskState {
-        keyed: groups.into_values().collect(),
-        operator_state: snap.operator_state,
-        source: None,
-        sink: None,
-    }
+    SubtaskState { keyed: groups.into_values().collect(), operator_state: snap.operator_state, ..Default::default() }
 }
 
 impl OperatorTask {
@@ -117,8 +135,25 @@ impl OperatorTask {
         if !out.is_empty() {
             self.metrics.add_out(out.len() as u64);
             self.output.emit_batch(&out).map_err(|d| self.disconnected(d))?;
+            if self.output.dropped_after_end > 0 {
+                return Err(TaskFailure::Connector {
+                    task: self.id.clone(),
+                    message: format!(
+                        "emitted {} record(s) into a loop after the loop terminated; an operator inside a loop \
+                         must not emit into the loop while closing",
+                        self.output.dropped_after_end
+                    ),
+                });
+            }
         }
         Ok(())
+    }
+
+    /// Records-in-flight accounting: what was pushed, then what was consumed.
+    fn account(&mut self, consumed: u64) {
+        if let Some(t) = &self.termination {
+            t.account(self.output.take_copies(), consumed);
+        }
     }
 
     /// Fires due timers of `domain` at `now`, repeatedly (a timer may register another due one).
@@ -170,6 +205,14 @@ impl OperatorTask {
                 host.processing_timers.register(*t, k.key_group, key);
             }
         }
+        // A loop head re-processes the records that were in transit on its back-edges.
+        for lb in &r.state.backedge_log {
+            let batch = Batch::from_validated(lb.bytes.clone(), lb.records);
+            let side = if lb.side == 1 { Side::Right } else { Side::Left };
+            self.instance.process(side, &batch).map_err(|e| self.guest(e))?;
+            self.route_emitted()?;
+            self.account(0);
+        }
         Ok(())
     }
 
@@ -201,18 +244,60 @@ impl OperatorTask {
         Ok(())
     }
 
+    /// Carries out a loop head's checkpoint decision.
+    fn head_outcome(&mut self, h: &mut Head, o: HeadOutcome) -> Result<(), TaskFailure> {
+        match o {
+            HeadOutcome::Park => {
+                h.align_started.get_or_insert_with(Instant::now);
+            }
+            HeadOutcome::StartLogging { id, declined } => {
+                if let (Some(old), Some(p)) = (declined, self.checkpoints.as_mut()) {
+                    p.decline(old, format!("loop head aligned checkpoint {id} before {old} returned around the loop"));
+                }
+                let align_ms = h.align_started.take().map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+                self.output.broadcast(|| Message::Barrier(id)).map_err(|d| self.disconnected(d))?;
+                let t0 = Instant::now();
+                let state = self.snapshot_state(id)?;
+                let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
+                h.pending = Some(PendingHead { id, state, log: Vec::new(), timing });
+                if let Some(f) = &self.faults {
+                    let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+                    if f.plan.due_at_barrier(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
+                        return Err(TaskFailure::Connector {
+                            task: self.id.clone(),
+                            message: format!("injected failure during checkpoint {id}"),
+                        });
+                    }
+                }
+                if let Some(c) = h.lh.complete_now() {
+                    self.head_outcome(h, HeadOutcome::Complete(c))?;
+                }
+            }
+            HeadOutcome::Complete(id) => {
+                if let Some(mut p) = h.pending.take().filter(|p| p.id == id) {
+                    p.state.backedge_log = p.log;
+                    if let Some(part) = self.checkpoints.as_mut() {
+                        part.submit(id, p.state, p.timing);
+                    }
+                }
+            }
+            HeadOutcome::Obsolete | HeadOutcome::Continue => {}
+        }
+        Ok(())
+    }
+
     fn inject_faults(&mut self) -> Result<(), TaskFailure> {
         let Some(f) = &self.faults else { return Ok(()) };
         let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
         match f.plan.due(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
-            None | Some(FaultKind::DuringCheckpoint) => Ok(()),
+            None | Some(FaultKind::DuringCheckpoint) | Some(FaultKind::WhileLogging) => Ok(()),
             Some(FaultKind::HostPanic) => panic!("injected host panic in {}", self.id),
             Some(FaultKind::GuestTrap) => {
                 let kg = self.instance.host().task.key_group_start;
                 let tag = if self.instance.host().task.key_group_end > kg { kg } else { NO_KEY_GROUP };
                 let mut b = Batch::default();
                 b.push(tag, 0, b"__weir_fault__", b"panic");
-                self.instance.process(crate::graph::logical::Side::Left, &b).map_err(|e| self.guest(e))?;
+                self.instance.process(Side::Left, &b).map_err(|e| self.guest(e))?;
                 Err(TaskFailure::Connector {
                     task: self.id.clone(),
                     message: "injected guest trap: the guest did not trap on `panic`".into(),
@@ -226,30 +311,64 @@ impl OperatorTask {
     pub fn run(mut self) -> Result<(), TaskFailure> {
         self.instance.open(&self.config).map_err(|e| self.guest(e))?;
         self.restore_state()?;
+        let flags = self.inputs.feedback_flags();
+        let mut head = flags.iter().any(|f| *f).then(|| Head {
+            lh: LoopHead::new(flags.clone()),
+            pending: None,
+            align_started: None,
+            loop_closed: false,
+        });
         let mut aligner = Aligner::new(self.inputs.len());
         let mut align_started: Option<Instant> = None;
         loop {
             let control = self.checkpoints.as_ref().map(|p| p.control.clone());
-            let mut received = self.inputs.recv(None, &aligner, control.as_ref());
+            let is_parked = |head: &Option<Head>, aligner: &Aligner, i: usize| match head {
+                Some(h) => h.lh.is_parked(i),
+                None => aligner.is_parked(i),
+            };
+            let mut received = self.inputs.recv(None, &|i| is_parked(&head, &aligner, i), control.as_ref());
             if matches!(received, Received::Idle) {
+                // No data ready: flush, fire processing timers, check cancellation and loop
+                // termination, then wait. (Control messages may keep arriving, so these
+                // checks must not depend on the wait timing out.)
+                if self.cancel.load(Ordering::Relaxed) {
+                    return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                }
                 self.output.flush().map_err(|d| self.disconnected(d))?;
                 if !self.instance.host().processing_timers.is_empty() {
                     self.fire_timers(TimeDomain::ProcessingTime, now_ms())?;
+                    self.account(0);
                 }
-                received = self.inputs.recv(Some(Duration::from_millis(50)), &aligner, control.as_ref());
-            }
-            match received {
-                Received::Idle => {
-                    if self.cancel.load(Ordering::Relaxed) {
-                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                if let Some(h) = head.as_mut() {
+                    let quiet = self.termination.as_ref().is_some_and(|t| t.quiescent());
+                    if !h.loop_closed && h.lh.regular_inputs_ended() && quiet {
+                        // Nothing is in flight anywhere and no source runs: end the loop.
+                        self.output.end_loop_edges().map_err(|d| self.disconnected(d))?;
+                        h.loop_closed = true;
                     }
                 }
+                let wait =
+                    if head.as_ref().is_some_and(|h| !h.loop_closed && h.lh.regular_inputs_ended()) { 5 } else { 50 };
+                received = self.inputs.recv(
+                    Some(Duration::from_millis(wait)),
+                    &|i| is_parked(&head, &aligner, i),
+                    control.as_ref(),
+                );
+            }
+            match received {
+                Received::Idle => {}
                 Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
                 Received::AllDone => break,
                 Received::Control(c) => match c {
                     Control::Trigger(id) => {
                         if let Some(p) = self.checkpoints.as_mut() {
                             p.on_trigger(id)
+                        }
+                        if let Some(mut h) = head.take() {
+                            let o = h.lh.on_trigger(id);
+                            let r = self.head_outcome(&mut h, o);
+                            head = Some(h);
+                            r?;
                         }
                     }
                     Control::Complete(_) => {
@@ -261,55 +380,111 @@ impl OperatorTask {
                         if aligner.on_cancel(id) {
                             align_started = None;
                         }
+                        if let Some(h) = head.as_mut() {
+                            h.lh.on_cancel(id);
+                            if h.pending.as_ref().is_some_and(|p| p.id == id) {
+                                h.pending = None;
+                            }
+                        }
                     }
                     Control::Shutdown => {}
                 },
                 Received::Message(i, Message::Data(batch)) => {
-                    self.metrics.add_in(batch.len() as u64);
+                    let n = batch.len() as u64;
+                    self.metrics.add_in(n);
                     let side = self.inputs.side(i);
+                    if head.is_some() && self.inputs.is_feedback(i) {
+                        let b = self.inputs.feedback_backlog() as u64 + 1;
+                        self.metrics.feedback_peak_batches.fetch_max(b, Ordering::Relaxed);
+                    }
+                    if let Some(h) = head.as_mut()
+                        && h.lh.must_log(i)
+                        && let Some(p) = h.pending.as_mut()
+                    {
+                        // In transit on a back-edge in the checkpoint being taken: keep it.
+                        let s = if side == Side::Right { 1 } else { 0 };
+                        p.log.push(LoggedBatch { side: s, records: batch.len(), bytes: batch.as_bytes().to_vec() });
+                        if let Some(f) = &self.faults {
+                            let (records, done) =
+                                (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+                            if f.plan.due_while_logging(
+                                f.attempt,
+                                self.id.node.as_str(),
+                                self.id.subtask.0,
+                                records,
+                                done,
+                            ) {
+                                return Err(TaskFailure::Connector {
+                                    task: self.id.clone(),
+                                    message: format!(
+                                        "injected failure while logging back-edge records for checkpoint {}",
+                                        p.id
+                                    ),
+                                });
+                            }
+                        }
+                    }
                     self.instance.process(side, &batch).map_err(|e| self.guest(e))?;
                     self.route_emitted()?;
+                    self.account(n);
                     self.inject_faults()?;
                 }
                 Received::Message(i, Message::Watermark(wm)) => {
                     if let Some(wm) = self.inputs.on_watermark(i, wm) {
                         self.advance_watermark(wm)?;
+                        self.account(0);
                     }
                 }
-                Received::Message(i, Message::Barrier(id)) => match aligner.on_barrier(i, id) {
-                    AlignOutcome::Park => {
-                        align_started.get_or_insert_with(Instant::now);
+                Received::Message(i, Message::Barrier(id)) => {
+                    if let Some(mut h) = head.take() {
+                        let o = h.lh.on_barrier(i, id);
+                        let r = self.head_outcome(&mut h, o);
+                        head = Some(h);
+                        r?;
+                        continue;
                     }
-                    AlignOutcome::Aligned(id) => {
-                        let started = align_started.take();
-                        self.checkpoint(id, started)?;
-                    }
-                    AlignOutcome::Superseded { aborted, started, aligned } => {
-                        if let Some(p) = self.checkpoints.as_mut() {
-                            p.decline(aborted, format!("barrier {started} arrived while aligning {aborted}"));
+                    match aligner.on_barrier(i, id) {
+                        AlignOutcome::Park => {
+                            align_started.get_or_insert_with(Instant::now);
                         }
-                        align_started = Some(Instant::now());
-                        if aligned {
-                            let s = align_started.take();
-                            self.checkpoint(started, s)?;
+                        AlignOutcome::Aligned(id) => {
+                            let started = align_started.take();
+                            self.checkpoint(id, started)?;
                         }
+                        AlignOutcome::Superseded { aborted, started, aligned } => {
+                            if let Some(p) = self.checkpoints.as_mut() {
+                                p.decline(aborted, format!("barrier {started} arrived while aligning {aborted}"));
+                            }
+                            align_started = Some(Instant::now());
+                            if aligned {
+                                let s = align_started.take();
+                                self.checkpoint(started, s)?;
+                            }
+                        }
+                        AlignOutcome::Obsolete | AlignOutcome::Continue => {}
                     }
-                    AlignOutcome::Obsolete | AlignOutcome::Continue => {}
-                },
+                }
                 Received::Message(i, Message::EndOfStream) => {
                     self.inputs.finish(i);
-                    if let AlignOutcome::Aligned(id) = aligner.on_end_of_stream(i) {
+                    if let Some(mut h) = head.take() {
+                        let o = h.lh.on_end_of_stream(i);
+                        let r = self.head_outcome(&mut h, o);
+                        head = Some(h);
+                        r?;
+                    } else if let AlignOutcome::Aligned(id) = aligner.on_end_of_stream(i) {
                         let started = align_started.take();
                         self.checkpoint(id, started)?;
                     }
                     if let Some(wm) = self.inputs.advance() {
                         self.advance_watermark(wm)?;
+                        self.account(0);
                     }
                 }
             }
         }
         self.instance.close().map_err(|e| self.guest(e))?;
         self.route_emitted()?;
+        self.account(0);
         self.output.broadcast(|| Message::EndOfStream).map_err(|d| self.disconnected(d))?;
         let Some(mut p) = self.checkpoints.take() else { return Ok(()) };
         let final_state = self.snapshot_state(CheckpointId(u64::MAX))?;
