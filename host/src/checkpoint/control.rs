@@ -39,6 +39,10 @@ pub struct Ack {
     pub crc32: u32,
     /// Timings.
     pub timing: Timing,
+    /// Loop heads: records in transit on back-edges, logged into this state.
+    pub logged_records: u64,
+    /// Their size.
+    pub logged_bytes: u64,
 }
 
 /// Subtask → coordinator.

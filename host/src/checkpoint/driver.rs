@@ -166,6 +166,8 @@ pub fn run(
                         async_ms_max: acks.values().map(|a| a.timing.async_ms).fold(0.0, f64::max),
                         alignment_ms_max: acks.values().map(|a| a.timing.align_ms).fold(0.0, f64::max),
                         bytes: acks.values().map(|a| a.bytes).sum(),
+                        backedge_log_records: acks.values().map(|a| a.logged_records).sum(),
+                        backedge_log_bytes: acks.values().map(|a| a.logged_bytes).sum(),
                     };
                     let mut operators: Vec<OperatorEntry> = cfg
                         .nodes
@@ -224,13 +226,18 @@ pub fn run(
                     if cfg.verbose {
                         let m = &manifest.metrics;
                         eprintln!(
-                            "checkpoint {id} complete{} in {:.1} ms (sync max {:.2} ms, async max {:.2} ms, alignment max {:.2} ms, {} bytes)",
+                            "checkpoint {id} complete{} in {:.1} ms (sync max {:.2} ms, async max {:.2} ms, alignment max {:.2} ms, {} bytes{})",
                             if is_final { " (final)" } else { "" },
                             m.duration_ms,
                             m.sync_ms_max,
                             m.async_ms_max,
                             m.alignment_ms_max,
-                            m.bytes
+                            m.bytes,
+                            if m.backedge_log_records > 0 {
+                                format!(", {} back-edge records logged", m.backedge_log_records)
+                            } else {
+                                String::new()
+                            }
                         );
                     }
                     broadcast(Control::Complete(id));

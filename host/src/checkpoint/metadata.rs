@@ -69,6 +69,12 @@ pub struct CheckpointMetrics {
     pub alignment_ms_max: f64,
     /// Bytes written (state files + manifest).
     pub bytes: u64,
+    /// Records in transit on loop back-edges, logged by loop heads (cyclic jobs).
+    #[serde(default)]
+    pub backedge_log_records: u64,
+    /// Their size in bytes.
+    #[serde(default)]
+    pub backedge_log_bytes: u64,
 }
 
 /// The manifest.

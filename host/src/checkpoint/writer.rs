@@ -19,7 +19,13 @@ pub fn run(store: CheckpointStore, jobs: Receiver<WriteJob>, events: Sender<Even
             Ok((bytes, crc32)) => {
                 let mut timing = job.timing;
                 timing.async_ms = started.elapsed().as_secs_f64() * 1e3;
-                Event::Ack { task: job.task, id: job.id, ack: Ack { file: job.file, bytes, crc32, timing } }
+                let logged_records = job.state.backedge_log.iter().map(|b| b.records as u64).sum();
+                let logged_bytes = job.state.backedge_log.iter().map(|b| b.bytes.len() as u64).sum();
+                Event::Ack {
+                    task: job.task,
+                    id: job.id,
+                    ack: Ack { file: job.file, bytes, crc32, timing, logged_records, logged_bytes },
+                }
             }
             Err(e) => Event::Decline {
                 task: job.task,
