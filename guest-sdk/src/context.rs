@@ -107,6 +107,30 @@ impl<'a> Context<'a> {
         }
     }
 
+    /// Emits `(key, value)` on the main output, writing the value in place: `value` appends
+    /// the value's bytes to the buffer it is given. No allocation per record:
+    ///
+    /// ```text
+    /// ctx.emit_with(rec.key, |v| { v.extend_from_slice(rec.key); v.push(b' '); push_u64(v, n) });
+    /// ```
+    #[inline]
+    pub fn emit_with(&mut self, key: &[u8], value: impl FnOnce(&mut Vec<u8>)) {
+        let out = &mut self.rt.emit;
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.timestamp.to_le_bytes());
+        out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        let vlen_at = out.len();
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(key);
+        let start = out.len();
+        value(out);
+        let vlen = (out.len() - start) as u32;
+        out[vlen_at..vlen_at + 4].copy_from_slice(&vlen.to_le_bytes());
+        if out.len() >= FLUSH_BYTES {
+            self.rt.flush();
+        }
+    }
+
     /// Emits on the side output called `name` (declared in `OperatorInfo::side_outputs`).
     pub fn emit_side(&mut self, name: &str, key: &[u8], value: &[u8]) -> Result<()> {
         let port = self
@@ -263,4 +287,20 @@ impl<'a> OpenContext<'a> {
         self.rt.operator_states.push(RegisteredOperatorState { name, cell: cell.clone() });
         Ok(OperatorValue { cell })
     }
+}
+
+/// Appends `v` in decimal to `out` (no allocation, no formatting machinery).
+#[inline]
+pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }

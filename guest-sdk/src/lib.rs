@@ -56,7 +56,7 @@ mod operator;
 mod record;
 mod state;
 
-pub use context::{Context, FLUSH_BYTES, OpenContext};
+pub use context::{Context, FLUSH_BYTES, OpenContext, push_u64};
 pub use error::{Error, Result};
 pub use info::{OperatorInfo, StateDescriptor, StateKind};
 pub use operator::{CoOperator, Operator, TimeDomain};

@@ -53,6 +53,23 @@ impl Batch {
         self.len += 1;
     }
 
+    /// Appends a record whose value `value` writes in place.
+    #[inline]
+    pub fn push_with(&mut self, tag: u32, timestamp: i64, key: &[u8], value: impl FnOnce(&mut Vec<u8>)) {
+        let b = &mut self.buf;
+        b.extend_from_slice(&tag.to_le_bytes());
+        b.extend_from_slice(&timestamp.to_le_bytes());
+        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        let vlen_at = b.len();
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(key);
+        let start = b.len();
+        value(b);
+        let vlen = (b.len() - start) as u32;
+        b[vlen_at..vlen_at + 4].copy_from_slice(&vlen.to_le_bytes());
+        self.len += 1;
+    }
+
     /// Number of records.
     #[inline]
     pub fn len(&self) -> u32 {

@@ -114,11 +114,23 @@ impl OperatorLogic for NativeKeyedCount {
                     1
                 }
             };
-            let mut line = Vec::with_capacity(r.key.len() + 12);
-            line.extend_from_slice(r.key);
-            line.push(b' ');
-            line.extend_from_slice(n.to_string().as_bytes());
-            self.out.push(0, r.timestamp, r.key, &line);
+            // As the component does: the value written in place, no allocation per record.
+            let mut num = [0u8; 20];
+            let mut i = num.len();
+            let mut v = n;
+            loop {
+                i -= 1;
+                num[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            self.out.push_with(0, r.timestamp, r.key, |out| {
+                out.extend_from_slice(r.key);
+                out.push(b' ');
+                out.extend_from_slice(&num[i..]);
+            });
         }
         Ok(())
     }

@@ -10,10 +10,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::control::{Control, Event, Timing, WriteJob};
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::ids::{CheckpointId, TaskId};
@@ -110,5 +111,32 @@ impl Participant {
                 Err(RecvTimeoutError::Disconnected) => return Err(TaskFailure::Cancelled { task: id.clone() }),
             }
         }
+    }
+}
+
+/// Feeds a barrier on input `input` to the `aligner` of a task without loops and does the
+/// bookkeeping (alignment start time, declining a superseded checkpoint). Returns the
+/// checkpoint to snapshot now, with when its alignment started.
+pub fn on_barrier(
+    aligner: &mut Aligner,
+    align_started: &mut Option<Instant>,
+    participant: Option<&mut Participant>,
+    input: usize,
+    id: CheckpointId,
+) -> Option<(CheckpointId, Option<Instant>)> {
+    match aligner.on_barrier(input, id) {
+        AlignOutcome::Park => {
+            align_started.get_or_insert_with(Instant::now);
+            None
+        }
+        AlignOutcome::Aligned(id) => Some((id, align_started.take())),
+        AlignOutcome::Superseded { aborted, started, aligned } => {
+            if let Some(p) = participant {
+                p.decline(aborted, format!("barrier {started} arrived while aligning {aborted}"));
+            }
+            *align_started = Some(Instant::now());
+            aligned.then(|| (started, align_started.take()))
+        }
+        AlignOutcome::Obsolete | AlignOutcome::Continue => None,
     }
 }

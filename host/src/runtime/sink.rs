@@ -17,7 +17,7 @@ use crate::runtime::error::TaskFailure;
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
-use crate::runtime::participant::Participant;
+use crate::runtime::participant::{self, Participant};
 use crate::runtime::termination::LoopTermination;
 
 /// Where a sink subtask writes.
@@ -138,26 +138,13 @@ impl SinkTask {
                     }
                 }
                 Received::Message(_, Message::Watermark(_)) => {}
-                Received::Message(i, Message::Barrier(id)) => match aligner.on_barrier(i, id) {
-                    AlignOutcome::Park => {
-                        align_started.get_or_insert_with(Instant::now);
+                Received::Message(i, Message::Barrier(id)) => {
+                    if let Some((id, started)) =
+                        participant::on_barrier(&mut aligner, &mut align_started, self.checkpoints.as_mut(), i, id)
+                    {
+                        self.checkpoint(id, started)?;
                     }
-                    AlignOutcome::Aligned(id) => {
-                        let s = align_started.take();
-                        self.checkpoint(id, s)?;
-                    }
-                    AlignOutcome::Superseded { aborted, started, aligned } => {
-                        if let Some(p) = self.checkpoints.as_mut() {
-                            p.decline(aborted, format!("barrier {started} arrived while aligning {aborted}"));
-                        }
-                        align_started = Some(Instant::now());
-                        if aligned {
-                            let s = align_started.take();
-                            self.checkpoint(started, s)?;
-                        }
-                    }
-                    AlignOutcome::Obsolete | AlignOutcome::Continue => {}
-                },
+                }
                 Received::Message(i, Message::EndOfStream) => {
                     self.inputs.finish(i);
                     if let AlignOutcome::Aligned(id) = aligner.on_end_of_stream(i) {

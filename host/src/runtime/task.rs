@@ -26,7 +26,7 @@ use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{Disconnected, Output};
-use crate::runtime::participant::Participant;
+use crate::runtime::participant::{self, Participant};
 use crate::runtime::termination::LoopTermination;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::instance::GuestError;
@@ -232,6 +232,11 @@ impl OperatorTask {
         if let Some(p) = self.checkpoints.as_mut() {
             p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
         }
+        self.fault_at_barrier(id)
+    }
+
+    /// Failure injection: fail here, with checkpoint `id` in flight, if the plan says so.
+    fn fault_at_barrier(&self, id: CheckpointId) -> Result<(), TaskFailure> {
         if let Some(f) = &self.faults {
             let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
             if f.plan.due_at_barrier(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
@@ -260,15 +265,7 @@ impl OperatorTask {
                 let state = self.snapshot_state(id)?;
                 let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
                 h.pending = Some(PendingHead { id, state, log: Vec::new(), timing });
-                if let Some(f) = &self.faults {
-                    let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
-                    if f.plan.due_at_barrier(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
-                        return Err(TaskFailure::Connector {
-                            task: self.id.clone(),
-                            message: format!("injected failure during checkpoint {id}"),
-                        });
-                    }
-                }
+                self.fault_at_barrier(id)?;
                 if let Some(c) = h.lh.complete_now() {
                     self.head_outcome(h, HeadOutcome::Complete(c))?;
                 }
@@ -443,25 +440,10 @@ impl OperatorTask {
                         r?;
                         continue;
                     }
-                    match aligner.on_barrier(i, id) {
-                        AlignOutcome::Park => {
-                            align_started.get_or_insert_with(Instant::now);
-                        }
-                        AlignOutcome::Aligned(id) => {
-                            let started = align_started.take();
-                            self.checkpoint(id, started)?;
-                        }
-                        AlignOutcome::Superseded { aborted, started, aligned } => {
-                            if let Some(p) = self.checkpoints.as_mut() {
-                                p.decline(aborted, format!("barrier {started} arrived while aligning {aborted}"));
-                            }
-                            align_started = Some(Instant::now());
-                            if aligned {
-                                let s = align_started.take();
-                                self.checkpoint(started, s)?;
-                            }
-                        }
-                        AlignOutcome::Obsolete | AlignOutcome::Continue => {}
+                    if let Some((id, started)) =
+                        participant::on_barrier(&mut aligner, &mut align_started, self.checkpoints.as_mut(), i, id)
+                    {
+                        self.checkpoint(id, started)?;
                     }
                 }
                 Received::Message(i, Message::EndOfStream) => {
