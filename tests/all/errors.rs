@@ -248,3 +248,45 @@ fn a_stdout_sink_in_a_checkpointed_job_is_flagged_at_least_once() {
     stdout.sort();
     assert_eq!(stdout, vec!["0 1", "1 1", "2 1"]);
 }
+
+fn stdin_job(guarantee: &str) -> String {
+    format!(
+        "[job]\nname = \"j\"\n{guarantee}\n[checkpoint]\ninterval_ms = 1000\ndir = \"chk\"\n[[source]]\nid = \"in\"\ntype = \"stdin\"\n\
+         [[operator]]\nid = \"tok\"\ncomponent = {}\ninputs = [{{ from = \"in\" }}]\n\
+         [[operator]]\nid = \"c\"\ncomponent = {}\ninputs = [{{ from = \"tok\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"o\"\ntype = \"file\"\npath = \"out\"\ninputs = [{{ from = \"c\" }}]\n",
+        toml_path(&component("wordcount_tokenizer")),
+        counter()
+    )
+}
+
+#[test]
+fn a_non_replayable_source_is_refused_in_an_exactly_once_job() {
+    let e = validate_fails(&stdin_job(""), |_| {});
+    assert!(e.contains("job.toml:8:") && e.contains("source `in` cannot rewind"), "{e}");
+    assert!(e.contains("guarantee = \"at-least-once\""), "{e}");
+}
+
+#[test]
+fn a_non_replayable_source_runs_at_least_once_with_a_warning_when_asked() {
+    use std::io::Write;
+    let dir = scratch();
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, stdin_job("guarantee = \"at-least-once\"")).unwrap();
+    let mut child = weir()
+        .args(["run", "--progress", "0"])
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"to be or\nnot to be\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: source `in` cannot rewind") && stderr.contains("at-least-once"), "{stderr}");
+    assert_eq!(
+        crate::support::committed_lines(&dir.path().join("out")),
+        vec!["be 1", "be 2", "not 1", "or 1", "to 1", "to 2"]
+    );
+}

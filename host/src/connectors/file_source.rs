@@ -12,7 +12,8 @@ use crate::runtime::output::{Disconnected, Output};
 
 /// One file source subtask.
 pub struct FileSource {
-    reader: BufReader<File>,
+    reader: Box<dyn BufRead + Send>,
+    seekable: Option<File>,
     line: Vec<u8>,
     line_no: u64,
     offset: u64,
@@ -41,8 +42,10 @@ impl FileSource {
         key_column: Option<u32>,
         rate: Option<u64>,
     ) -> std::io::Result<Self> {
+        let f = File::open(path)?;
         Ok(FileSource {
-            reader: BufReader::with_capacity(256 * 1024, File::open(path)?),
+            seekable: Some(f.try_clone()?),
+            reader: Box::new(BufReader::with_capacity(256 * 1024, f)),
             line: Vec::new(),
             line_no: 0,
             offset: 0,
@@ -60,9 +63,29 @@ impl FileSource {
         (self.offset, self.line_no)
     }
 
-    /// Rewinds to a position taken with [`FileSource::position`].
+    /// Lines of standard input (subtask 0 only reads; it cannot rewind).
+    pub fn stdin(subtask: u32, parallelism: u32) -> Self {
+        FileSource {
+            seekable: None,
+            reader: Box::new(BufReader::new(std::io::stdin())),
+            line: Vec::new(),
+            line_no: 0,
+            offset: 0,
+            subtask: subtask as u64,
+            parallelism: parallelism as u64,
+            key_column: None,
+            rate: None,
+            started: std::time::Instant::now(),
+            emitted: 0,
+        }
+    }
+
+    /// Rewinds to a position taken with [`FileSource::position`]. A stdin source cannot
+    /// rewind: it goes on from where it is (the job was admitted as at-least-once).
     pub fn seek(&mut self, offset: u64, line: u64) -> std::io::Result<()> {
-        self.reader.seek(SeekFrom::Start(offset))?;
+        let Some(f) = self.seekable.as_mut() else { return Ok(()) };
+        f.seek(SeekFrom::Start(offset))?;
+        self.reader = Box::new(BufReader::with_capacity(256 * 1024, f.try_clone()?));
         self.offset = offset;
         self.line_no = line;
         Ok(())

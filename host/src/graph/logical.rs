@@ -33,6 +33,19 @@ pub struct JobGraph {
     pub checkpoint: Option<CheckpointConfig>,
     /// What to do after a failure.
     pub restart: RestartStrategy,
+    /// The processing guarantee the job asks for.
+    pub guarantee: Guarantee,
+}
+
+/// `[job] guarantee`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarantee {
+    /// State and committed output as if every record were processed once (needs replayable
+    /// sources when checkpointing).
+    ExactlyOnce,
+    /// Admits sources that cannot rewind: records they delivered after the last checkpoint
+    /// are not read again after a failure.
+    AtLeastOnce,
 }
 
 /// `[checkpoint]`, validated.
@@ -127,6 +140,15 @@ pub enum SourceKind {
     },
     /// Deterministic generator.
     Generator(GeneratorConfig),
+    /// Lines of standard input. Cannot rewind: not replayable.
+    Stdin,
+}
+
+impl SourceKind {
+    /// Whether the source can rewind to a checkpointed position (exactly-once needs it).
+    pub fn replayable(&self) -> bool {
+        !matches!(self, SourceKind::Stdin)
+    }
 }
 
 /// A deterministic generator: record `i` (`0 <= i < count`, split round-robin over the

@@ -106,6 +106,17 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
     let mut warnings = Vec::new();
     if graph.checkpoint.is_some() {
         for n in &graph.nodes {
+            if let NodeKind::Source(k) = &n.kind
+                && !k.replayable()
+            {
+                warnings.push(format!(
+                    "source `{}` cannot rewind: the job runs at-least-once as [job] guarantee says, and records it \
+                     delivered after the last checkpoint are not read again after a failure",
+                    n.id
+                ));
+            }
+        }
+        for n in &graph.nodes {
             if let NodeKind::Sink(crate::graph::logical::SinkKind::Stdout { .. }) = &n.kind {
                 warnings.push(format!(
                     "sink `{}` writes to stdout, which cannot be rolled back: its output is at-least-once \

@@ -11,8 +11,8 @@ use toml::Spanned;
 
 use crate::checkpoint::coordinator::CheckpointSettings;
 use crate::graph::logical::{
-    CheckpointConfig, Edge, GeneratorConfig, JobGraph, Node, NodeKind, OperatorNode, Side, SinkFormat, SinkKind,
-    SourceKind,
+    CheckpointConfig, Edge, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OperatorNode, Side, SinkFormat,
+    SinkKind, SourceKind,
 };
 use crate::graph::partition::Partition;
 use crate::ids::NodeId;
@@ -174,6 +174,10 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     rate: s.rate.as_ref().map(|v| *v.get_ref()).filter(|&r| r > 0),
                 }
             }
+            "stdin" if p > 1 => {
+                return cx.err(s.id.span(), format!("stdin source `{id}` can only run with parallelism 1"));
+            }
+            "stdin" => SourceKind::Stdin,
             "generator" => {
                 let Some(count) = &s.count else {
                     return cx.err(s.id.span(), format!("generator source `{id}` needs `count = <records>`"));
@@ -192,8 +196,10 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 })
             }
             other => {
-                return cx
-                    .err(s.kind.span(), format!("source `{id}`: unknown type `{other}`; use `file` or `generator`"));
+                return cx.err(
+                    s.kind.span(),
+                    format!("source `{id}`: unknown type `{other}`; use `file`, `generator` or `stdin`"),
+                );
             }
         };
         nodes.push(Node { id, parallelism: p, kind: NodeKind::Source(kind), line });
@@ -356,6 +362,32 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             }
         },
     };
+    let guarantee = match spec.job.guarantee.as_ref().map(|g| (g.get_ref().as_str(), g.span())) {
+        None | Some(("exactly-once", _)) => Guarantee::ExactlyOnce,
+        Some(("at-least-once", _)) => Guarantee::AtLeastOnce,
+        Some((other, span)) => {
+            return cx
+                .err(span, format!("[job] guarantee `{other}` is unknown; use `exactly-once` or `at-least-once`"));
+        }
+    };
+    if checkpoint.is_some() && guarantee == Guarantee::ExactlyOnce {
+        for n in &nodes {
+            if let NodeKind::Source(k) = &n.kind
+                && !k.replayable()
+            {
+                return Err(JobError {
+                    file: cx.file.to_path_buf(),
+                    line: Some(n.line),
+                    message: format!(
+                        "source `{}` cannot rewind, so this checkpointed job cannot be exactly-once; use a replayable \
+                         source (file, generator), or set [job] guarantee = \"at-least-once\" to accept that records it \
+                         delivered after the last checkpoint are not read again after a failure",
+                        n.id
+                    ),
+                });
+            }
+        }
+    }
     Ok(JobGraph {
         name,
         file: cx.file.to_path_buf(),
@@ -366,6 +398,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         edges,
         checkpoint,
         restart,
+        guarantee,
     })
 }
 

@@ -47,6 +47,9 @@ pub struct JobSection {
     /// Batches buffered per channel before the sender blocks.
     #[serde(default)]
     pub channel_capacity: Option<Spanned<u32>>,
+    /// `exactly-once` (default) or `at-least-once` (admits sources that cannot rewind).
+    #[serde(default)]
+    pub guarantee: Option<Spanned<String>>,
 }
 
 fn default_max_parallelism() -> Spanned<u32> {
@@ -59,7 +62,7 @@ fn default_max_parallelism() -> Spanned<u32> {
 pub struct SourceSpec {
     /// Unique node id.
     pub id: Spanned<String>,
-    /// `file` or `generator`.
+    /// `file`, `generator` or `stdin`.
     #[serde(rename = "type")]
     pub kind: Spanned<String>,
     /// Parallel instances.

@@ -302,6 +302,7 @@ fn run_attempt(
                 NodeKind::Source(kind) => {
                     let mut reader = match kind {
                         SourceKind::Generator(cfg) => SourceReader::Generator(Generator::new(*cfg, s, n.parallelism)),
+                        SourceKind::Stdin => SourceReader::File(FileSource::stdin(s, n.parallelism)),
                         SourceKind::File { path, key_column, rate } => {
                             SourceReader::File(FileSource::open(path, s, n.parallelism, *key_column, *rate).map_err(
                                 |e| setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display())),

@@ -17,7 +17,8 @@ pub enum FaultKind {
     /// Fails at the next aligned barrier, after the snapshot is handed to the writer and
     /// before the barrier is forwarded: a checkpoint is in flight and can never complete.
     DuringCheckpoint,
-    /// A loop head fails while it is logging back-edge records for a checkpoint.
+    /// A loop head fails while its back-edge log for a checkpoint is open (after its state
+    /// copy, before the barrier has come back round the loop).
     WhileLogging,
 }
 

@@ -235,6 +235,20 @@ impl OperatorTask {
         self.fault_at_barrier(id)
     }
 
+    /// Failure injection: fail here, while a loop head's back-edge log for `id` is open.
+    fn fault_while_logging(&self, id: CheckpointId) -> Result<(), TaskFailure> {
+        if let Some(f) = &self.faults {
+            let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+            if f.plan.due_while_logging(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
+                return Err(TaskFailure::Connector {
+                    task: self.id.clone(),
+                    message: format!("injected failure while logging back-edge records for checkpoint {id}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Failure injection: fail here, with checkpoint `id` in flight, if the plan says so.
     fn fault_at_barrier(&self, id: CheckpointId) -> Result<(), TaskFailure> {
         if let Some(f) = &self.faults {
@@ -401,30 +415,14 @@ impl OperatorTask {
                         // In transit on a back-edge in the checkpoint being taken: keep it.
                         let s = if side == Side::Right { 1 } else { 0 };
                         p.log.push(LoggedBatch { side: s, records: batch.len(), bytes: batch.as_bytes().to_vec() });
-                        if let Some(f) = &self.faults {
-                            let (records, done) =
-                                (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
-                            if f.plan.due_while_logging(
-                                f.attempt,
-                                self.id.node.as_str(),
-                                self.id.subtask.0,
-                                records,
-                                done,
-                            ) {
-                                return Err(TaskFailure::Connector {
-                                    task: self.id.clone(),
-                                    message: format!(
-                                        "injected failure while logging back-edge records for checkpoint {}",
-                                        p.id
-                                    ),
-                                });
-                            }
-                        }
                     }
                     self.instance.process(side, &batch).map_err(|e| self.guest(e))?;
                     self.route_emitted()?;
                     self.account(n);
                     self.inject_faults()?;
+                    if let Some(id) = head.as_ref().and_then(|h| h.pending.as_ref()).map(|p| p.id) {
+                        self.fault_while_logging(id)?;
+                    }
                 }
                 Received::Message(i, Message::Watermark(wm)) => {
                     if let Some(wm) = self.inputs.on_watermark(i, wm) {
