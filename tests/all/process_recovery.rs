@@ -229,3 +229,34 @@ fn exactly_once_checkpoint_ids_keep_increasing_across_restarts() {
         "{text}"
     );
 }
+
+#[test]
+fn rescale_restoring_a_checkpoint_at_another_operator_parallelism_keeps_exactly_once() {
+    // Kill wordcount mid-run, then restore its latest checkpoint with the keyed counter at
+    // another parallelism (2 -> 3, tokenizer 2 -> 1): keyed state moves by key group.
+    let dir = scratch();
+    let expected = write_input(&dir.path().join("input.txt"), 120_000, 11);
+    let job = job(dir.path());
+    let store = CheckpointStore::new(&dir.path().join("checkpoints"), "wc-kill");
+    let mut child = spawn(&job, false);
+    assert!(kill_after_checkpoint(&mut child, &store, 1, 20), "the job finished before it could be killed");
+    let rescaled = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("parallelism = 2\ninputs = [{ from = \"lines\"", "parallelism = 1\ninputs = [{ from = \"lines\"")
+        .replace(
+            "parallelism = 2\ninputs = [{ from = \"tokenize\"",
+            "parallelism = 3\ninputs = [{ from = \"tokenize\"",
+        );
+    assert!(rescaled.contains("parallelism = 1\ninputs = [{ from = \"lines\""), "{rescaled}");
+    assert!(rescaled.contains("parallelism = 3"), "{rescaled}");
+    std::fs::write(&job, rescaled).unwrap();
+    let out = spawn(&job, true).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("restoring job `wc-kill` from checkpoint"), "{stderr}");
+    assert!(committed_lines(&dir.path().join("out")) == expected, "output after restoring at another parallelism");
+    // The new checkpoints record the new parallelism.
+    let newest = store.latest(|_| {}).unwrap();
+    assert_eq!(newest.manifest.operator("count").unwrap().parallelism, 3);
+    assert_eq!(newest.manifest.operator("tokenize").unwrap().parallelism, 1);
+}
