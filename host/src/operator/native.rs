@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::connectors::generator::write_decimal;
 use crate::graph::logical::Side;
 use crate::record::Batch;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, StateKind, TimeDomain};
@@ -115,21 +116,10 @@ impl OperatorLogic for NativeKeyedCount {
                 }
             };
             // As the component does: the value written in place, no allocation per record.
-            let mut num = [0u8; 20];
-            let mut i = num.len();
-            let mut v = n;
-            loop {
-                i -= 1;
-                num[i] = b'0' + (v % 10) as u8;
-                v /= 10;
-                if v == 0 {
-                    break;
-                }
-            }
             self.out.push_with(0, r.timestamp, r.key, |out| {
                 out.extend_from_slice(r.key);
                 out.push(b' ');
-                out.extend_from_slice(&num[i..]);
+                write_decimal(out, n);
             });
         }
         Ok(())
