@@ -16,7 +16,9 @@ use serde::de::DeserializeOwned;
 use crate::bindings::{collector, logging, timers, types};
 use crate::info::{OperatorInfo, StateKind};
 use crate::record::{NO_KEY_GROUP, write_record};
-use crate::state::{ListState, MapState, OperatorValue, Registered, RegisteredOperatorState, ValueState, new_table};
+use crate::state::{
+    ListState, MapState, OperatorList, OperatorValue, Registered, RegisteredOperatorState, ValueState, new_table,
+};
 use crate::{Error, Result};
 
 /// Emits are handed to the host when the buffer grows past this many bytes.
@@ -286,6 +288,17 @@ impl<'a> OpenContext<'a> {
         let cell = Rc::new(RefCell::new(None::<T>));
         self.rt.operator_states.push(RegisteredOperatorState { name, cell: cell.clone() });
         Ok(OperatorValue { cell })
+    }
+
+    /// The per-subtask list `name` (declared with `StateDescriptor::operator_list`).
+    pub fn operator_list<T: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<OperatorList<T>> {
+        self.declared(name, StateKind::List, false)?;
+        let cell = Rc::new(RefCell::new(Vec::<T>::new()));
+        self.rt.operator_states.push(RegisteredOperatorState { name, cell: cell.clone() });
+        Ok(OperatorList { cell })
     }
 }
 

@@ -172,14 +172,12 @@ fn take_snapshot(rt: &mut Runtime, mode: types::SnapshotMode) -> Result<types::O
         for s in &rt.operator_states {
             operator_state.extend_from_slice(&(s.name.len() as u32).to_le_bytes());
             operator_state.extend_from_slice(s.name.as_bytes());
-            match s.cell.borrow().encode()? {
-                None => operator_state.extend_from_slice(&0u32.to_le_bytes()),
-                Some(v) => {
-                    operator_state.extend_from_slice(&1u32.to_le_bytes());
-                    operator_state.extend_from_slice(&0u32.to_le_bytes());
-                    operator_state.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                    operator_state.extend_from_slice(&v);
-                }
+            let entries = s.cell.borrow().encode()?;
+            operator_state.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+            for v in entries {
+                operator_state.extend_from_slice(&0u32.to_le_bytes());
+                operator_state.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                operator_state.extend_from_slice(&v);
             }
         }
     }
@@ -256,7 +254,7 @@ fn restore_state<Op: Operator>(rt: &mut Runtime, from: u32, state: &types::Opera
                 let _key = c.chunk()?;
                 let value = c.chunk()?;
                 let value = convert(name, value)?.unwrap_or_else(|| value.to_vec());
-                reg.cell.borrow_mut().decode(&value)?;
+                reg.cell.borrow_mut().decode_entry(&value)?;
             }
         }
         if !c.is_empty() {

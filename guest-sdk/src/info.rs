@@ -16,6 +16,17 @@ pub enum StateKind {
     Map,
 }
 
+/// How non-keyed state moves when the operator's parallelism changes (see the WIT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redistribution {
+    /// Restores only at the parallelism that wrote it (keyed state, operator values).
+    None,
+    /// List elements of all old subtasks are dealt round-robin to the new subtasks.
+    Split,
+    /// Every new subtask gets the elements of every old subtask.
+    Union,
+}
+
 /// One declared piece of state.
 #[derive(Clone, Copy, Debug)]
 pub struct StateDescriptor {
@@ -25,24 +36,32 @@ pub struct StateDescriptor {
     pub kind: StateKind,
     /// Keyed (partitioned by key group) or per subtask.
     pub keyed: bool,
+    /// Non-keyed state: how it is redistributed on rescale.
+    pub redistribution: Redistribution,
 }
 
 impl StateDescriptor {
     /// A keyed [`ValueState`](crate::ValueState).
     pub const fn keyed_value(name: &'static str) -> Self {
-        StateDescriptor { name, kind: StateKind::Value, keyed: true }
+        StateDescriptor { name, kind: StateKind::Value, keyed: true, redistribution: Redistribution::None }
     }
     /// A keyed [`ListState`](crate::ListState).
     pub const fn keyed_list(name: &'static str) -> Self {
-        StateDescriptor { name, kind: StateKind::List, keyed: true }
+        StateDescriptor { name, kind: StateKind::List, keyed: true, redistribution: Redistribution::None }
     }
     /// A keyed [`MapState`](crate::MapState).
     pub const fn keyed_map(name: &'static str) -> Self {
-        StateDescriptor { name, kind: StateKind::Map, keyed: true }
+        StateDescriptor { name, kind: StateKind::Map, keyed: true, redistribution: Redistribution::None }
     }
-    /// A per-subtask [`OperatorValue`](crate::OperatorValue).
+    /// A per-subtask [`OperatorValue`](crate::OperatorValue): restores only at the same
+    /// parallelism (a value cannot be split or merged without knowing what it means).
     pub const fn operator_value(name: &'static str) -> Self {
-        StateDescriptor { name, kind: StateKind::Value, keyed: false }
+        StateDescriptor { name, kind: StateKind::Value, keyed: false, redistribution: Redistribution::None }
+    }
+    /// A per-subtask [`OperatorList`](crate::OperatorList), redistributed on rescale as
+    /// `redistribution` says (`Split` or `Union`).
+    pub const fn operator_list(name: &'static str, redistribution: Redistribution) -> Self {
+        StateDescriptor { name, kind: StateKind::List, keyed: false, redistribution }
     }
 }
 
@@ -90,6 +109,11 @@ impl OperatorInfo {
                         StateKind::Map => types::StateKind::Map,
                     },
                     keyed: s.keyed,
+                    redistribution: match s.redistribution {
+                        Redistribution::None => types::Redistribution::None,
+                        Redistribution::Split => types::Redistribution::Split,
+                        Redistribution::Union => types::Redistribution::Union,
+                    },
                 })
                 .collect(),
             side_outputs: self.side_outputs.iter().map(|s| s.to_string()).collect(),

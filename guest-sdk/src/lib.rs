@@ -56,12 +56,14 @@ mod operator;
 mod record;
 mod state;
 
+/// The state value encoding (bincode 1.x defaults, see the WIT), for `migrate_value`.
+pub use bincode;
 pub use context::{Context, FLUSH_BYTES, OpenContext, push_u64};
 pub use error::{Error, Result};
-pub use info::{OperatorInfo, StateDescriptor, StateKind};
+pub use info::{OperatorInfo, Redistribution, StateDescriptor, StateKind};
 pub use operator::{CoOperator, Operator, TimeDomain};
 pub use record::{NO_KEY_GROUP, Record, RecordReader, write_record};
-pub use state::{ListState, MapState, OperatorValue, ValueState};
+pub use state::{ListState, MapState, OperatorList, OperatorValue, ValueState};
 pub use weir_guest_macros::{export_co_operator, export_operator};
 
 /// Used by the export macros; not part of the API.

@@ -101,21 +101,34 @@ pub(crate) struct RegisteredOperatorState {
     pub cell: Rc<RefCell<dyn ErasedCell>>,
 }
 
-/// Type-erased access to a per-subtask value.
+/// Type-erased access to a per-subtask state: its entries in the non-keyed state layout
+/// (one per value or list element).
 pub(crate) trait ErasedCell {
-    fn encode(&self) -> Result<Option<Vec<u8>>>;
-    fn decode(&mut self, bytes: &[u8]) -> Result<()>;
+    fn encode(&self) -> Result<Vec<Vec<u8>>>;
+    /// Restores one entry (called once per entry, in order, into an empty state).
+    fn decode_entry(&mut self, bytes: &[u8]) -> Result<()>;
 }
 
 impl<T: Serialize + DeserializeOwned> ErasedCell for Option<T> {
-    fn encode(&self) -> Result<Option<Vec<u8>>> {
+    fn encode(&self) -> Result<Vec<Vec<u8>>> {
         Ok(match self {
-            Some(v) => Some(bincode::serialize(v)?),
-            None => None,
+            Some(v) => vec![bincode::serialize(v)?],
+            None => Vec::new(),
         })
     }
-    fn decode(&mut self, bytes: &[u8]) -> Result<()> {
+    fn decode_entry(&mut self, bytes: &[u8]) -> Result<()> {
+        // The host hands a value state at most one entry (its redistribution is `none`).
         *self = Some(bincode::deserialize(bytes)?);
+        Ok(())
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> ErasedCell for Vec<T> {
+    fn encode(&self) -> Result<Vec<Vec<u8>>> {
+        self.iter().map(|v| Ok(bincode::serialize(v)?)).collect()
+    }
+    fn decode_entry(&mut self, bytes: &[u8]) -> Result<()> {
+        self.push(bincode::deserialize(bytes)?);
         Ok(())
     }
 }
@@ -286,6 +299,35 @@ impl<T: Clone> OperatorValue<T> {
     /// Sets the value.
     pub fn set(&self, v: T) {
         *self.cell.borrow_mut() = Some(v);
+    }
+}
+
+/// A per-subtask list (declared with `StateDescriptor::operator_list`): on rescale its
+/// elements are split across or unioned into the new subtasks, as declared.
+pub struct OperatorList<T> {
+    pub(crate) cell: Rc<RefCell<Vec<T>>>,
+}
+
+impl<T: Clone> OperatorList<T> {
+    /// The elements, cloned.
+    pub fn get(&self) -> Vec<T> {
+        self.cell.borrow().clone()
+    }
+    /// Appends an element.
+    pub fn push(&self, v: T) {
+        self.cell.borrow_mut().push(v);
+    }
+    /// Replaces every element.
+    pub fn set(&self, v: Vec<T>) {
+        *self.cell.borrow_mut() = v;
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.cell.borrow().len()
+    }
+    /// No elements.
+    pub fn is_empty(&self) -> bool {
+        self.cell.borrow().is_empty()
     }
 }
 

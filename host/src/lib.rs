@@ -9,12 +9,14 @@
 //!   key groups, record framing);
 //! - [`runtime`]: subtasks on threads, bounded channels, input selection, output routing;
 //! - [`sandbox`]: wasmtime, the WIT bindings, host imports, operator instances;
-//! - [`connectors`]: host-native sources and sinks.
+//! - [`connectors`]: host-native sources and sinks;
+//! - [`api`]: the control API (HTTP, JSON) over running jobs.
 //!
 //! See `ARCHITECTURE.md` at the repository root for the map.
 
 #![deny(missing_docs)]
 
+pub mod api;
 pub mod checkpoint;
 pub mod connectors;
 pub mod graph;

@@ -63,7 +63,7 @@ fn boundary_describe_reports_declared_state_and_side_outputs() {
     assert_eq!(c.info.name, "test-probe");
     assert_eq!(c.info.version, "1.0.0");
     assert_eq!(c.info.schema_version, 1);
-    let names: Vec<_> = c.info.states.iter().map(|s| (s.0.as_str(), s.2)).collect();
+    let names: Vec<_> = c.info.states.iter().map(|s| (s.name.as_str(), s.keyed)).collect();
     assert_eq!(names, vec![("count", true), ("seen", true), ("tags", true), ("total", false)]);
     assert_eq!(c.info.side_outputs, vec!["side", "events"]);
     assert!(!c.info.two_input);

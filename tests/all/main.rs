@@ -9,4 +9,5 @@ mod errors;
 mod exactly_once;
 mod examples;
 mod process_recovery;
+mod savepoints;
 mod support;

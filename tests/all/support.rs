@@ -17,10 +17,14 @@ pub fn root() -> PathBuf {
 const GUESTS: &[&str] = &[
     "wordcount-tokenizer",
     "wordcount-counter",
+    "wordcount-counter-v2",
+    "wordcount-counter-v3",
     "enrich-enricher",
     "test-probe",
     "test-wrong-world",
     "test-oracle",
+    "test-oracle-v2",
+    "test-lists",
     "test-oracle-join",
     "test-loop-oracle",
     "iterate-split",
@@ -93,9 +97,13 @@ pub fn run_job_in(dir: &Path, toml: &str) -> Result<RunSummary, RunError> {
     executor::run(&bound, &RunOptions { quiet_guests: true, ..Default::default() })
 }
 
-/// The `weir` binary.
+/// The `weir` binary, registering its jobs in a registry private to this test run.
 pub fn weir() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_weir"))
+    static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let home = HOME.get_or_init(|| tempfile::Builder::new().prefix("weir-home-").tempdir().unwrap());
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    c.env("WEIR_HOME", home.path());
+    c
 }
 
 /// Path as a TOML string literal.

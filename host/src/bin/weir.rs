@@ -7,9 +7,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+use weir::api::client::Client;
+use weir::api::registry;
+use weir::api::server::{Api, ServedJob};
 use weir::checkpoint::storage::{self, CheckpointStore};
 use weir::job;
 use weir::runtime::executor::{self, RestoreFrom, RunOptions, human};
+use weir::runtime::handle::JobHandle;
 use weir::sandbox::engine::new_engine;
 
 /// Weir runs stream processing jobs whose operators are sandboxed WebAssembly components.
@@ -24,6 +28,13 @@ use weir::sandbox::engine::new_engine;
 #[derive(Parser)]
 #[command(name = "weir", version, verbatim_doc_comment)]
 struct Cli {
+    /// Talk to this Weir API (`http://host:port`) instead of finding the job's own API in
+    /// the local registry ($WEIR_HOME/jobs, default ~/.weir/jobs).
+    #[arg(long, global = true, requires = "token")]
+    server: Option<String>,
+    /// Bearer token for --server.
+    #[arg(long, global = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -44,10 +55,59 @@ enum Command {
         /// directory; torn or corrupt ones are skipped with a warning) or a `chk-<id>` directory.
         #[arg(long, value_name = "latest|CHK_DIR")]
         restore: Option<String>,
-        /// Drop checkpointed state of operators the job no longer has (otherwise an error).
+        /// Start from a savepoint directory (taken with `weir savepoint` or `weir stop`);
+        /// it may have been moved or copied from elsewhere, and the job may have other
+        /// parallelism or newer components that migrate the state.
+        #[arg(long, value_name = "DIR", conflicts_with = "restore")]
+        from_savepoint: Option<PathBuf>,
+        /// Drop restored state that no operator claims: of operators the job no longer has,
+        /// or states an upgraded component no longer declares (otherwise an error).
         #[arg(long)]
         allow_non_restored_state: bool,
+        /// Address of the job's control API (loopback only).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        api: String,
     },
+    /// Take a savepoint of a running job.
+    Savepoint {
+        /// Job name.
+        job: String,
+        /// Target directory (default: `<checkpoint dir>/<job>/savepoints/sp-<id>`).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Take a savepoint, commit the output up to it, and stop the job.
+    Stop {
+        /// Job name.
+        job: String,
+        /// Target directory for the savepoint.
+        #[arg(long, value_name = "DIR")]
+        savepoint: Option<PathBuf>,
+    },
+    /// Replace an operator's component in a running job, at the next checkpoint barrier,
+    /// migrating its state; rolled back if any subtask fails.
+    Upgrade {
+        /// Job name.
+        job: String,
+        /// Operator uid.
+        #[arg(long)]
+        operator: String,
+        /// The new component (.wasm).
+        #[arg(long)]
+        component: PathBuf,
+    },
+    /// Cancel a running job (nothing more is committed).
+    Cancel {
+        /// Job name.
+        job: String,
+    },
+    /// Show a running job's status.
+    Status {
+        /// Job name.
+        job: String,
+    },
+    /// List running jobs.
+    List,
     /// List or inspect checkpoints.
     Checkpoints {
         #[command(subcommand)]
@@ -87,6 +147,7 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> Result<()> {
+    let cli_server = cli.server.clone().zip(cli.token.clone());
     match cli.command {
         Command::Validate { job } => {
             let graph = job::load(&job)?;
@@ -119,48 +180,213 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Checkpoints { command: CheckpointsCommand::List { dir } } => list_checkpoints(&dir),
         Command::Checkpoints { command: CheckpointsCommand::Inspect { chk_dir } } => inspect(&chk_dir),
-        Command::Run { job, progress, quiet_guests, restore, allow_non_restored_state } => {
-            let graph = job::load(&job)?;
-            let engine =
-                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
-            let bound = job::bind::bind(&engine, graph)?;
-            for w in &bound.warnings {
-                eprintln!("warning: {w}");
+        Command::Savepoint { job, dir } => {
+            let (c, job) = client(&cli_server, &job)?;
+            let body = serde_json::json!({ "dir": dir.map(absolute).transpose()? });
+            let v = c.call("POST", &format!("/v1/jobs/{job}/savepoints"), body.to_string().as_bytes())?;
+            println!("savepoint {} (checkpoint {})", v["path"].as_str().unwrap_or("?"), v["checkpoint_id"]);
+            Ok(())
+        }
+        Command::Stop { job, savepoint } => {
+            let (c, job) = client(&cli_server, &job)?;
+            let body = serde_json::json!({ "dir": savepoint.map(absolute).transpose()? });
+            let v = c.call("POST", &format!("/v1/jobs/{job}/stop"), body.to_string().as_bytes())?;
+            println!(
+                "job `{job}` stopped with savepoint {} (checkpoint {})",
+                v["path"].as_str().unwrap_or("?"),
+                v["checkpoint_id"]
+            );
+            Ok(())
+        }
+        Command::Upgrade { job, operator, component } => {
+            let bytes =
+                std::fs::read(&component).with_context(|| format!("cannot read component {}", component.display()))?;
+            let (c, job) = client(&cli_server, &job)?;
+            let name = weir::api::http::encode(&component.display().to_string());
+            let v = c.call("POST", &format!("/v1/jobs/{job}/operators/{operator}/upgrade?name={name}"), &bytes)?;
+            println!(
+                "operator `{operator}` of job `{job}` upgraded from {} to {} at checkpoint {} (paused {:.2} ms)",
+                v["from"].as_str().unwrap_or("?"),
+                v["to"].as_str().unwrap_or("?"),
+                v["checkpoint_id"],
+                v["pause_ms_max"].as_f64().unwrap_or(0.0)
+            );
+            Ok(())
+        }
+        Command::Cancel { job } => {
+            let (c, job) = client(&cli_server, &job)?;
+            c.call("POST", &format!("/v1/jobs/{job}/cancel"), b"")?;
+            println!("job `{job}` cancelled");
+            Ok(())
+        }
+        Command::Status { job } => {
+            let (c, job) = client(&cli_server, &job)?;
+            let v = c.call("GET", &format!("/v1/jobs/{job}"), b"")?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(())
+        }
+        Command::List => {
+            let mut rows = Vec::new();
+            match &cli_server {
+                Some((url, token)) => {
+                    let v = Client::new(url, token).call("GET", "/v1/jobs", b"")?;
+                    rows.extend(v.as_array().cloned().unwrap_or_default());
+                }
+                None => {
+                    for e in registry::list() {
+                        if let Ok(mut v) =
+                            Client::new(&e.addr, &e.token).call("GET", &format!("/v1/jobs/{}", e.job), b"")
+                        {
+                            v["name"] = serde_json::Value::String(e.key.clone());
+                            rows.push(v);
+                        }
+                    }
+                }
             }
-            eprintln!(
-                "running job `{}` ({} subtasks)",
-                bound.graph.name,
-                bound.graph.nodes.iter().map(|n| n.parallelism).sum::<u32>()
-            );
-            let opts = RunOptions {
-                progress: (progress > 0.0).then(|| Duration::from_secs_f64(progress)),
-                quiet_guests,
-                restore: restore.map(|r| if r == "latest" { RestoreFrom::Latest } else { RestoreFrom::Path(r.into()) }),
-                allow_non_restored_state,
-                faults: None,
-            };
-            let summary = executor::run(&bound, &opts)?;
-            let secs = summary.elapsed.as_secs_f64().max(1e-9);
-            eprintln!(
-                "job `{}` finished in {:.2}s ({} attempt(s), {} checkpoint(s){})",
-                bound.graph.name,
-                secs,
-                summary.attempts,
-                summary.checkpoints,
-                summary.restored_from.map(|c| format!(", restored from checkpoint {c}")).unwrap_or_default()
-            );
-            for n in &summary.nodes {
-                eprintln!(
-                    "  {:<16} in {:>12} ({:>8}/s)  out {:>12} ({:>8}/s)",
-                    n.id.as_str(),
-                    n.records_in,
-                    human(n.records_in as f64 / secs),
-                    n.records_out,
-                    human(n.records_out as f64 / secs)
+            if rows.is_empty() {
+                println!("no running jobs");
+            }
+            for v in rows {
+                let comps: Vec<String> = v["nodes"]
+                    .as_array()
+                    .map(|ns| {
+                        ns.iter()
+                            .filter_map(|n| {
+                                n["component"].as_str().map(|c| format!("{}={c}", n["uid"].as_str().unwrap_or("?")))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "{:<20} {:<10} attempts {}  checkpoints {}  {}",
+                    v["name"].as_str().unwrap_or("?"),
+                    v["state"].as_str().unwrap_or("?"),
+                    v["attempts"],
+                    v["checkpoints"],
+                    comps.join(" ")
                 );
             }
             Ok(())
         }
+        Command::Run { job, progress, quiet_guests, restore, from_savepoint, allow_non_restored_state, api } => {
+            let graph = job::load(&job)?;
+            let engine =
+                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
+            let bound = job::bind::bind(&engine, graph)?;
+            let name = bound.graph.name.clone();
+            let (handle, endpoint) = JobHandle::new(&name);
+            let token = registry::new_token();
+            let api_state = Api::new(token.clone(), engine.clone());
+            api_state.add_job(
+                &name,
+                ServedJob { handle, checkpoint_root: bound.graph.checkpoint.as_ref().map(|c| c.dir.join(&name)) },
+            );
+            let server =
+                api_state.serve(&api).with_context(|| format!("cannot listen on {api} for the control API"))?;
+            let pid = std::process::id();
+            let entry =
+                registry::Entry { key: String::new(), job: name.clone(), addr: server.addr.to_string(), token, pid };
+            let (entry, reg) = registry::register(&entry)
+                .with_context(|| format!("registering job `{name}` in {}", registry::home().display()))?;
+            if entry.key != name {
+                eprintln!(
+                    "warning: another process runs a job named `{name}`; address this one as `{}` (weir stop {} ...)",
+                    entry.key, entry.key
+                );
+            }
+            eprintln!("control API for job `{}` at http://{} (see {})", entry.key, server.addr, reg.display());
+            let result =
+                run_job(&bound, progress, quiet_guests, restore, from_savepoint, allow_non_restored_state, endpoint);
+            registry::unregister(&reg, pid);
+            drop(server);
+            result
+        }
+    }
+}
+
+fn absolute(p: PathBuf) -> Result<PathBuf> {
+    Ok(if p.is_absolute() { p } else { std::env::current_dir()?.join(p) })
+}
+
+/// The API client for `job` and the job's name in the API: `--server`, or the job's own API
+/// from the registry (where `job` may be `<job>@<pid>`).
+fn client(server: &Option<(String, String)>, job: &str) -> Result<(Client, String)> {
+    if let Some((url, token)) = server {
+        return Ok((Client::new(url, token), job.to_string()));
+    }
+    let e = registry::find(job).with_context(|| {
+        format!(
+            "no running job `{job}` is registered in {} (is it running on this machine as this user? `weir list` \
+             shows the running jobs)",
+            registry::home().join("jobs").display()
+        )
+    })?;
+    Ok((Client::new(&e.addr, &e.token), e.job))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_job(
+    bound: &job::bind::BoundJob,
+    progress: f64,
+    quiet_guests: bool,
+    restore: Option<String>,
+    from_savepoint: Option<PathBuf>,
+    allow_non_restored_state: bool,
+    endpoint: weir::runtime::handle::Endpoint,
+) -> Result<()> {
+    {
+        for w in &bound.warnings {
+            eprintln!("warning: {w}");
+        }
+        eprintln!(
+            "running job `{}` ({} subtasks)",
+            bound.graph.name,
+            bound.graph.nodes.iter().map(|n| n.parallelism).sum::<u32>()
+        );
+        let opts = RunOptions {
+            progress: (progress > 0.0).then(|| Duration::from_secs_f64(progress)),
+            quiet_guests,
+            restore: match (restore, from_savepoint) {
+                (_, Some(sp)) => Some(RestoreFrom::Path(sp)),
+                (Some(r), None) if r == "latest" => Some(RestoreFrom::Latest),
+                (Some(r), None) => Some(RestoreFrom::Path(r.into())),
+                (None, None) => None,
+            },
+            allow_non_restored_state,
+            faults: None,
+            endpoint: Some(endpoint),
+        };
+        let summary = executor::run(bound, &opts)?;
+        if let Some(sp) = &summary.stopped_with {
+            eprintln!(
+                "job `{}` stopped with savepoint {} (checkpoint {}); resume with `weir run <job.toml> --from-savepoint {}`",
+                bound.graph.name,
+                sp.path.display(),
+                sp.checkpoint_id,
+                sp.path.display()
+            );
+            return Ok(());
+        }
+        let secs = summary.elapsed.as_secs_f64().max(1e-9);
+        eprintln!(
+            "job `{}` finished in {:.2}s ({} attempt(s), {} checkpoint(s){})",
+            bound.graph.name,
+            secs,
+            summary.attempts,
+            summary.checkpoints,
+            summary.restored_from.map(|c| format!(", restored from checkpoint {c}")).unwrap_or_default()
+        );
+        for n in &summary.nodes {
+            eprintln!(
+                "  {:<16} in {:>12} ({:>8}/s)  out {:>12} ({:>8}/s)",
+                n.id.as_str(),
+                n.records_in,
+                human(n.records_in as f64 / secs),
+                n.records_out,
+                human(n.records_out as f64 / secs)
+            );
+        }
+        Ok(())
     }
 }
 
@@ -205,7 +431,11 @@ fn list_checkpoints(dir: &std::path::Path) -> Result<()> {
 fn inspect(dir: &std::path::Path) -> Result<()> {
     let c = storage::load(dir)?;
     let m = &c.manifest;
-    println!("checkpoint {} of job `{}` ({})", m.checkpoint_id, m.job, dir.display());
+    let kind = match m.kind {
+        weir::checkpoint::metadata::SnapshotKind::Savepoint => "savepoint",
+        weir::checkpoint::metadata::SnapshotKind::Checkpoint => "checkpoint",
+    };
+    println!("{kind} of job `{}`, checkpoint {} ({})", m.job, m.checkpoint_id, dir.display());
     println!("  format version {}, max_parallelism {}, finished: {}", m.format_version, m.max_parallelism, m.finished);
     println!(
         "  took {:.1} ms: sync max {:.2} ms, async max {:.2} ms, alignment max {:.2} ms, {} bytes",
@@ -222,6 +452,15 @@ fn inspect(dir: &std::path::Path) -> Result<()> {
             .map(|c| format!(" {} {} (state schema {})", c.name, c.version, c.schema_version))
             .unwrap_or_default();
         println!("  {} `{}` x{}{}", op.kind, op.uid, op.parallelism, comp);
+        if let Some(c) = &op.component {
+            for st in &c.states {
+                let how = if st.keyed { "keyed".to_string() } else { format!("per subtask, {}", st.redistribution) };
+                println!("    state `{}`: {} ({how})", st.name, st.kind);
+            }
+            if let Some(stored) = &c.stored {
+                println!("    live-upgraded component stored at {stored} (replaces {})", c.replaces.join(", "));
+            }
+        }
         for s in &op.subtasks {
             let st = &c.states[&(op.uid.clone(), s.index)];
             let mut what = Vec::new();

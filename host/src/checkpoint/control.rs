@@ -2,9 +2,10 @@
 
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::ids::CheckpointId;
+use crate::operator::OperatorFactory;
 
 /// Coordinator → subtask.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Control {
     /// Checkpoint `id` was triggered: sources inject its barrier; finished subtasks ack it
     /// with their final state; running subtasks remember it (they get the barrier in-band).
@@ -15,6 +16,46 @@ pub enum Control {
     Abort(CheckpointId),
     /// The job finished (its final checkpoint is complete): exit.
     Shutdown,
+    /// Sources: after injecting the barrier of savepoint `id`, emit nothing more (stop with
+    /// savepoint); resume if `id` is aborted. Sent before its `Trigger`.
+    SuspendAfter(CheckpointId),
+    /// Savepoint `id` of a stop is complete and committed: exit now without draining
+    /// (no `close`, no end of stream), so the savepoint is exactly where the job resumes.
+    Stop,
+    /// Subtasks of the upgraded operator: at the barrier of checkpoint `id`, snapshot the
+    /// running instance, restore it into a new instance of `factory`, report, and wait for
+    /// the coordinator's decision. Sent before its `Trigger`.
+    PrepareUpgrade {
+        /// The checkpoint whose barrier switches the version.
+        id: CheckpointId,
+        /// The new component.
+        factory: OperatorFactory,
+    },
+    /// Every subtask of the operator prepared the upgrade at `id` (`commit`) or at least one
+    /// failed (roll back to the old instance).
+    UpgradeDecision {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Switch to the new instance.
+        commit: bool,
+    },
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Control::Trigger(id) => write!(f, "Trigger({id})"),
+            Control::Complete(id) => write!(f, "Complete({id})"),
+            Control::Abort(id) => write!(f, "Abort({id})"),
+            Control::Shutdown => write!(f, "Shutdown"),
+            Control::SuspendAfter(id) => write!(f, "SuspendAfter({id})"),
+            Control::Stop => write!(f, "Stop"),
+            Control::PrepareUpgrade { id, factory } => {
+                write!(f, "PrepareUpgrade({id}, {} {})", factory.info().name, factory.info().version)
+            }
+            Control::UpgradeDecision { id, commit } => write!(f, "UpgradeDecision({id}, commit: {commit})"),
+        }
+    }
 }
 
 /// Timings of one subtask's part of a checkpoint.
@@ -70,6 +111,28 @@ pub enum Event {
     Finished {
         /// Global task index.
         task: usize,
+    },
+    /// A subtask of an upgraded operator restored its state into the new instance (`Ok`)
+    /// or could not (`Err`: why). Sent before its `Ack` for `id`.
+    UpgradePrepared {
+        /// Global task index.
+        task: usize,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Outcome.
+        result: Result<(), String>,
+    },
+    /// A subtask of an upgraded operator resumed processing (on the new instance if
+    /// `committed`) after pausing `pause_ms` at the barrier.
+    UpgradeResumed {
+        /// Global task index.
+        task: usize,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Switched to the new instance.
+        committed: bool,
+        /// Barrier to first record after it: the time it did not process records.
+        pause_ms: f64,
     },
 }
 

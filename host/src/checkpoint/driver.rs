@@ -2,12 +2,22 @@
 //! subtask events and carries out its decisions (send triggers, publish manifests, notify
 //! completion and aborts, apply retention, record metrics).
 //!
+//! It also serves the job handle's requests, which are checkpoints with a purpose: a
+//! savepoint is a forced checkpoint copied out into a self-contained directory (and, for a
+//! stop, sources suspend after its barrier and every subtask exits once it is committed); a
+//! live upgrade is a forced checkpoint at whose barrier the operator's subtasks move their
+//! state into the new component, switching only if all of them succeed
+//! (`checkpoint/upgrade.rs`).
+//!
 //! Invariants: `Complete(id)` is sent only after the manifest of `id` is durable; the job's
 //! end is a checkpoint too: once every subtask has finished, a final checkpoint is forced,
-//! and only when it is complete are subtasks told to commit and shut down.
+//! and only when it is complete are subtasks told to commit and shut down; every request is
+//! answered exactly once.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -17,8 +27,13 @@ use crate::checkpoint::coordinator::{AckOutcome, CheckpointSettings, Coordinator
 use crate::checkpoint::metadata::{
     CheckpointMetrics, ComponentEntry, FORMAT_VERSION, Manifest, OperatorEntry, SubtaskEntry,
 };
-use crate::checkpoint::storage::CheckpointStore;
+use crate::checkpoint::storage::{CheckpointStore, export_savepoint, store_component};
+use crate::checkpoint::upgrade::UpgradeRound;
+use crate::graph::logical::JobGraph;
 use crate::ids::CheckpointId;
+use crate::operator::OperatorFactory;
+use crate::runtime::handle::{JobStatus, Request, SavepointInfo, UpgradeInfo};
+use crate::runtime::upgrade;
 
 /// A node as the manifest records it.
 #[derive(Debug, Clone)]
@@ -60,15 +75,30 @@ pub struct DriverConfig {
     pub first_id: u64,
     /// Print a line per completed checkpoint.
     pub verbose: bool,
+    /// Requests from the job's handle (savepoints, upgrades).
+    pub requests: Option<Receiver<Request>>,
+    /// The job (to check upgrades against).
+    pub graph: Arc<JobGraph>,
+    /// The running component of every operator node; a committed upgrade replaces it here,
+    /// so later restarts run the new version.
+    pub live: Arc<Mutex<BTreeMap<usize, (OperatorFactory, ComponentEntry)>>>,
+    /// The status the handle reads.
+    pub status: Option<Arc<Mutex<JobStatus>>>,
 }
 
 /// How the coordinator thread ended.
-#[derive(Debug)]
 pub enum DriverEnd {
     /// The job finished and its final checkpoint `0` is complete.
     Finished(CheckpointId),
     /// Stopped from outside (a failure or cancellation).
     Stopped,
+    /// Stopped with a savepoint: the subtasks were told to stop; reply once they have.
+    StoppedWithSavepoint {
+        /// The savepoint.
+        info: SavepointInfo,
+        /// Where to reply.
+        reply: Sender<Result<SavepointInfo, String>>,
+    },
 }
 
 /// Completed checkpoints of this run, shared with the executor (restart needs the latest).
@@ -82,9 +112,29 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+struct PendingSavepoint {
+    dir: Option<PathBuf>,
+    stop: bool,
+    reply: Sender<Result<SavepointInfo, String>>,
+    id: Option<CheckpointId>,
+    started: Instant,
+}
+
+struct PendingUpgrade {
+    node: usize,
+    factory: OperatorFactory,
+    old: OperatorFactory,
+    migrated_from: Option<u32>,
+    reply: Sender<Result<UpgradeInfo, String>>,
+    id: Option<CheckpointId>,
+    round: UpgradeRound,
+    tasks: Vec<usize>,
+    state_bytes: u64,
+}
+
 /// Runs the coordinator until the job's final checkpoint completes or `stop` is set.
 pub fn run(
-    cfg: DriverConfig,
+    mut cfg: DriverConfig,
     store: CheckpointStore,
     controls: Vec<Sender<Control>>,
     events: Receiver<Event>,
@@ -99,9 +149,18 @@ pub fn run(
     let mut trigger_unix = std::collections::BTreeMap::new();
     let broadcast = |c: Control| {
         for tx in &controls {
-            let _ = tx.send(c);
+            let _ = tx.send(c.clone());
         }
     };
+    let send_to = |tasks: &[usize], c: Control| {
+        for &t in tasks {
+            let _ = controls[t].send(c.clone());
+        }
+    };
+    let mut savepoint: Option<PendingSavepoint> = None;
+    let mut upgrade: Option<PendingUpgrade> = None;
+    // The checkpoint at which an upgrade committed: its state is still in the old schema.
+    let mut schema_at: Option<(CheckpointId, usize, u32)> = None;
     let mut next_poll = 0u64;
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -109,11 +168,76 @@ pub fn run(
             return DriverEnd::Stopped;
         }
         let all_finished = finished.iter().all(|f| *f);
-        if now() >= next_poll || (all_finished && final_id.is_none()) {
-            match coord.poll_trigger(now(), all_finished) {
+        // Requests from the job's handle.
+        while let Some(req) = cfg.requests.as_ref().and_then(|r| r.try_recv().ok()) {
+            match req {
+                Request::Savepoint { dir, stop, reply } => {
+                    if savepoint.is_some() {
+                        let _ = reply.send(Err("a savepoint is already in progress; retry when it completes".into()));
+                    } else if all_finished || final_id.is_some() {
+                        let _ = reply.send(Err("the job is finishing: its sources are exhausted".into()));
+                    } else {
+                        savepoint = Some(PendingSavepoint { dir, stop, reply, id: None, started: Instant::now() });
+                    }
+                }
+                Request::Upgrade { uid, factory, reply } => {
+                    if upgrade.is_some() {
+                        let _ = reply.send(Err("an upgrade is already in progress; retry when it completes".into()));
+                        continue;
+                    }
+                    let Some(ni) = cfg.graph.node_index(&uid) else {
+                        let _ = reply.send(Err(format!("job `{}` has no operator `{uid}`", cfg.job)));
+                        continue;
+                    };
+                    let Some((old, _)) = cfg.live.lock().unwrap().get(&ni).cloned() else {
+                        let _ = reply
+                            .send(Err(format!("`{uid}` is a source or sink; only WASM operators can be upgraded")));
+                        continue;
+                    };
+                    let verdict = match upgrade::validate(&cfg.graph, &uid, &old, &factory) {
+                        Ok((_, v)) => v,
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                            continue;
+                        }
+                    };
+                    let tasks: Vec<usize> =
+                        cfg.tasks.iter().enumerate().filter(|(_, t)| t.node == ni).map(|(i, _)| i).collect();
+                    if tasks.iter().any(|t| finished[*t]) {
+                        let _ = reply.send(Err(format!("operator `{uid}` has finished its input; nothing to upgrade")));
+                        continue;
+                    }
+                    upgrade = Some(PendingUpgrade {
+                        node: ni,
+                        old,
+                        factory,
+                        migrated_from: verdict.migrates_from,
+                        reply,
+                        id: None,
+                        round: UpgradeRound::new(tasks.clone()),
+                        tasks,
+                        state_bytes: 0,
+                    });
+                }
+            }
+        }
+        let wants_barrier =
+            savepoint.as_ref().is_some_and(|s| s.id.is_none()) || upgrade.as_ref().is_some_and(|u| u.id.is_none());
+        if now() >= next_poll || (all_finished && final_id.is_none()) || wants_barrier {
+            match coord.poll_trigger(now(), all_finished || wants_barrier) {
                 TriggerDecision::Trigger(id) => {
                     if all_finished {
                         final_id = Some(id);
+                    }
+                    if let Some(sp) = savepoint.as_mut().filter(|s| s.id.is_none()) {
+                        sp.id = Some(id);
+                        if sp.stop {
+                            broadcast(Control::SuspendAfter(id));
+                        }
+                    }
+                    if let Some(u) = upgrade.as_mut().filter(|u| u.id.is_none()) {
+                        u.id = Some(id);
+                        send_to(&u.tasks, Control::PrepareUpgrade { id, factory: u.factory.clone() });
                     }
                     trigger_unix.insert(id, unix_ms());
                     broadcast(Control::Trigger(id));
@@ -123,6 +247,7 @@ pub fn run(
                 TriggerDecision::Busy => next_poll = now() + 10,
             }
         }
+        let mut aborted: Vec<(CheckpointId, String)> = Vec::new();
         for id in coord.on_tick(now()) {
             if cfg.verbose {
                 eprintln!("checkpoint {id} aborted: not complete within {} ms", cfg.settings.timeout_ms);
@@ -131,17 +256,38 @@ pub fn run(
                 final_id = None;
             }
             broadcast(Control::Abort(id));
+            aborted.push((id, format!("not complete within {} ms", cfg.settings.timeout_ms)));
         }
         let wait = next_poll.saturating_sub(now()).clamp(1, 50);
         let event = match events.recv_timeout(Duration::from_millis(wait)) {
-            Ok(e) => e,
-            Err(RecvTimeoutError::Timeout) => continue,
+            Ok(e) => Some(e),
+            Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return DriverEnd::Stopped,
         };
         match event {
-            Event::Finished { task } => finished[task] = true,
-            Event::Decline { task, id, reason } => {
-                if coord.on_decline(id, now()) {
+            None => {}
+            Some(Event::Finished { task }) => finished[task] = true,
+            Some(Event::UpgradePrepared { task, id, result }) => {
+                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id))
+                    && let Some(d) = u.round.on_prepared(task, result)
+                {
+                    if d.commit {
+                        commit_upgrade(&mut cfg, &store, u, id, &mut schema_at);
+                    }
+                    send_to(&u.tasks, Control::UpgradeDecision { id, commit: d.commit });
+                }
+            }
+            Some(Event::UpgradeResumed { task, id, committed: _, pause_ms }) => {
+                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id))
+                    && let Some(outcome) = u.round.on_resumed(task, pause_ms)
+                {
+                    let u = upgrade.take().unwrap();
+                    finish_upgrade(&cfg, u, id, outcome.committed, outcome.pause_ms_max);
+                }
+            }
+            Some(Event::Decline { task, id, reason }) => {
+                let aborted_now = coord.on_decline(id, now());
+                if aborted_now {
                     let t = &cfg.tasks[task];
                     if cfg.verbose {
                         eprintln!("checkpoint {id} declined by {}#{}: {reason}", cfg.nodes[t.node].uid, t.subtask);
@@ -150,12 +296,25 @@ pub fn run(
                         final_id = None;
                     }
                     broadcast(Control::Abort(id));
+                    aborted.push((id, format!("declined by {}#{}: {reason}", cfg.nodes[t.node].uid, t.subtask)));
                 }
             }
-            Event::Ack { task, id, ack } => {
+            Some(Event::Ack { task, id, ack }) => {
+                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id) && u.tasks.contains(&task)) {
+                    u.state_bytes += ack.bytes;
+                }
                 if let AckOutcome::Complete { id, triggered_at, acks, subsumed } = coord.on_ack(task, id, ack, now()) {
                     for s in subsumed {
                         broadcast(Control::Abort(s));
+                        aborted.push((s, format!("subsumed by checkpoint {id}")));
+                    }
+                    // Every prepared report precedes its ack, so an undecided upgrade here
+                    // means a subtask finished instead of preparing: roll back.
+                    if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id))
+                        && let Some(d) =
+                            u.round.on_abort("a subtask of the operator finished its input during the upgrade")
+                    {
+                        send_to(&u.tasks, Control::UpgradeDecision { id, commit: d.commit });
                     }
                     let is_final = final_id == Some(id);
                     let metrics = CheckpointMetrics {
@@ -172,11 +331,20 @@ pub fn run(
                     let mut operators: Vec<OperatorEntry> = cfg
                         .nodes
                         .iter()
-                        .map(|n| OperatorEntry {
+                        .enumerate()
+                        .map(|(ni, n)| OperatorEntry {
                             uid: n.uid.clone(),
                             kind: n.kind.to_string(),
                             parallelism: n.parallelism,
-                            component: n.component.clone(),
+                            component: n.component.clone().map(|mut c| {
+                                if let Some((at, node, old_schema)) = schema_at
+                                    && at == id
+                                    && node == ni
+                                {
+                                    c.schema_version = old_schema;
+                                }
+                                c
+                            }),
                             subtasks: Vec::new(),
                         })
                         .collect();
@@ -196,6 +364,7 @@ pub fn run(
                     }
                     let mut manifest = Manifest {
                         format_version: FORMAT_VERSION,
+                        kind: Default::default(),
                         job: cfg.job.clone(),
                         checkpoint_id: id.0,
                         created_unix_ms: unix_ms(),
@@ -214,12 +383,50 @@ pub fn run(
                                 final_id = None;
                             }
                             broadcast(Control::Abort(id));
+                            aborted.push((id, format!("publishing the manifest failed: {e}")));
+                            fail_requests(&mut savepoint, &mut upgrade, &aborted, &send_to);
                             continue;
                         }
                     }
                     manifest.metrics.duration_ms = (now() - triggered_at) as f64;
                     completed.count.fetch_add(1, Ordering::Relaxed);
+                    if let Some(st) = &cfg.status {
+                        let mut st = st.lock().unwrap();
+                        st.checkpoints += 1;
+                        st.last_checkpoint = Some(id.0);
+                    }
                     let _ = store.append_history(&manifest.metrics);
+                    // The savepoint is copied out before retention can remove its checkpoint.
+                    let mut stopping = None;
+                    if let Some(sp) = savepoint.take_if(|s| s.id == Some(id)) {
+                        let dir =
+                            sp.dir.clone().unwrap_or_else(|| store.root().join("savepoints").join(format!("sp-{id}")));
+                        match export_savepoint(&store.chk_dir(id), &manifest, &dir) {
+                            Ok(bytes) => {
+                                let info = SavepointInfo {
+                                    path: dir.clone(),
+                                    checkpoint_id: id.0,
+                                    bytes,
+                                    duration_ms: sp.started.elapsed().as_secs_f64() * 1e3,
+                                };
+                                if cfg.verbose {
+                                    eprintln!("savepoint {} written ({} bytes)", dir.display(), bytes);
+                                }
+                                if sp.stop {
+                                    stopping = Some((info, sp.reply));
+                                } else {
+                                    let _ = sp.reply.send(Ok(info));
+                                }
+                            }
+                            Err(e) => {
+                                let _ = sp.reply.send(Err(format!("writing savepoint {} failed: {e}", dir.display())));
+                                if sp.stop {
+                                    // Sources suspended after this barrier: let them go on.
+                                    broadcast(Control::Abort(id));
+                                }
+                            }
+                        }
+                    }
                     if let Err(e) = store.retain(cfg.settings.retained) {
                         eprintln!("checkpoint {id}: removing old checkpoints failed: {e}");
                     }
@@ -241,6 +448,10 @@ pub fn run(
                         );
                     }
                     broadcast(Control::Complete(id));
+                    if let Some((info, reply)) = stopping {
+                        broadcast(Control::Stop);
+                        return DriverEnd::StoppedWithSavepoint { info, reply };
+                    }
                     if is_final {
                         broadcast(Control::Shutdown);
                         return DriverEnd::Finished(id);
@@ -248,5 +459,103 @@ pub fn run(
                 }
             }
         }
+        fail_requests(&mut savepoint, &mut upgrade, &aborted, &send_to);
+    }
+}
+
+/// Answers the savepoint or upgrade whose checkpoint was aborted.
+fn fail_requests(
+    savepoint: &mut Option<PendingSavepoint>,
+    upgrade: &mut Option<PendingUpgrade>,
+    aborted: &[(CheckpointId, String)],
+    send_to: &dyn Fn(&[usize], Control),
+) {
+    for (id, why) in aborted {
+        if let Some(sp) = savepoint.take_if(|s| s.id == Some(*id)) {
+            let _ = sp.reply.send(Err(format!("the savepoint (checkpoint {id}) was aborted: {why}")));
+        }
+        if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(*id))
+            && let Some(d) = u.round.on_abort(&format!("checkpoint {id} was aborted: {why}"))
+        {
+            send_to(&u.tasks, Control::UpgradeDecision { id: *id, commit: d.commit });
+        }
+    }
+}
+
+/// Every subtask prepared: the new component becomes the operator's, for the manifests of
+/// later checkpoints (with its bytes stored so recovery runs it) and for restarts.
+fn commit_upgrade(
+    cfg: &mut DriverConfig,
+    store: &CheckpointStore,
+    u: &PendingUpgrade,
+    id: CheckpointId,
+    schema_at: &mut Option<(CheckpointId, usize, u32)>,
+) {
+    let mut entry = upgrade::component_entry(&u.factory);
+    let old_entry = cfg.nodes[u.node].component.clone();
+    if let (OperatorFactory::Wasm(c), Some(sha)) = (&u.factory, entry.sha256.clone()) {
+        match store_component(store.root(), &sha, &c.bytes) {
+            Ok(rel) => entry.stored = Some(rel),
+            Err(e) => eprintln!(
+                "warning: could not store the upgraded component of `{}` with the checkpoints ({e}); after a \
+                 restart of the process the job file's component runs",
+                cfg.nodes[u.node].uid
+            ),
+        }
+    }
+    if let Some(old) = &old_entry {
+        entry.replaces = old.replaces.clone();
+        entry.replaces.extend(old.sha256.clone());
+    }
+    *schema_at = Some((id, u.node, u.old.info().schema_version));
+    cfg.nodes[u.node].component = Some(entry.clone());
+    cfg.live.lock().unwrap().insert(u.node, (u.factory.clone(), entry));
+    if let Some(st) = &cfg.status
+        && let Some(n) = st.lock().unwrap().nodes.get_mut(u.node)
+    {
+        n.component = Some(upgrade::describe(&u.factory));
+    }
+}
+
+fn finish_upgrade(cfg: &DriverConfig, u: PendingUpgrade, id: CheckpointId, committed: bool, pause_ms_max: f64) {
+    let uid = &cfg.nodes[u.node].uid;
+    if committed {
+        let info = UpgradeInfo {
+            operator: uid.clone(),
+            from: upgrade::describe(&u.old),
+            to: upgrade::describe(&u.factory),
+            checkpoint_id: id.0,
+            migrated_from: u.migrated_from,
+            pause_ms_max,
+            state_bytes: u.state_bytes,
+        };
+        eprintln!(
+            "operator `{uid}` upgraded live from {} to {} at checkpoint {id} (pause {pause_ms_max:.2} ms)",
+            info.from, info.to
+        );
+        if let Some(st) = &cfg.status {
+            st.lock().unwrap().upgrades.push(info.clone());
+        }
+        let _ = u.reply.send(Ok(info));
+    } else {
+        let d = u
+            .round
+            .decision()
+            .cloned()
+            .unwrap_or(crate::checkpoint::upgrade::Decision { commit: false, failures: vec![] });
+        let reasons: Vec<String> = d
+            .failures
+            .iter()
+            .map(|(t, r)| match cfg.tasks.get(*t) {
+                Some(t) => format!("subtask {}: {r}", t.subtask),
+                None => r.clone(),
+            })
+            .collect();
+        let _ = u.reply.send(Err(format!(
+            "upgrade of operator `{uid}` to {} rolled back; every subtask runs {} again: {}",
+            upgrade::describe(&u.factory),
+            upgrade::describe(&u.old),
+            reasons.join("; ")
+        )));
     }
 }

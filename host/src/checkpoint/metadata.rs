@@ -3,13 +3,33 @@
 //!
 //! Format: a first line `weir-checkpoint <format-version> crc32=<hex>` followed by JSON (so a
 //! person can read it). Invariant: a checkpoint is complete exactly when its manifest exists
-//! and verifies; the manifest is written last and published by an atomic rename.
+//! and verifies; the manifest is written last and published by an atomic rename. Every path
+//! in it is relative to its own directory, so a checkpoint or savepoint directory can be
+//! moved or copied anywhere (a savepoint holds every file it names).
+//!
+//! Format history: 1 = the first release; 2 adds `kind` (checkpoint or savepoint), the
+//! declared state of each operator's component, the component's digest and live-upgrade
+//! history. Version 1 manifests still load (the new fields default to empty).
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Current manifest format version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+
+/// One piece of state an operator declared, as recorded at the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateEntry {
+    /// Declared name.
+    pub name: String,
+    /// `value`, `list` or `map`.
+    pub kind: String,
+    /// Partitioned by key group.
+    pub keyed: bool,
+    /// Non-keyed state: how it is redistributed on rescale (`split`, `union`, `none`).
+    #[serde(default)]
+    pub redistribution: String,
+}
 
 /// The component behind an operator, as recorded at the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,8 +38,23 @@ pub struct ComponentEntry {
     pub name: String,
     /// Semantic version.
     pub version: String,
-    /// State schema version of the state in this checkpoint.
+    /// State schema version of the state in this checkpoint (after a live upgrade at this
+    /// checkpoint: the schema of the old component, which wrote the state).
     pub schema_version: u32,
+    /// The state the component declared.
+    #[serde(default)]
+    pub states: Vec<StateEntry>,
+    /// SHA-256 of the component's bytes (hex).
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// A live-upgraded component: its bytes, relative to the job's checkpoint directory
+    /// (`components/<sha256>.wasm`), so recovery runs the upgraded version.
+    #[serde(default)]
+    pub stored: Option<String>,
+    /// Digests of the components this one replaced by live upgrades, oldest first: recovery
+    /// with a job file that still names one of them runs `stored` instead.
+    #[serde(default)]
+    pub replaces: Vec<String>,
 }
 
 /// One subtask's state file.
@@ -77,11 +112,25 @@ pub struct CheckpointMetrics {
     pub backedge_log_bytes: u64,
 }
 
+/// Periodic checkpoint or user-triggered savepoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotKind {
+    /// Taken by the coordinator, owned and deleted by Weir.
+    #[default]
+    Checkpoint,
+    /// Taken on request, owned by the user, self-contained.
+    Savepoint,
+}
+
 /// The manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     /// Format version.
     pub format_version: u32,
+    /// Checkpoint or savepoint.
+    #[serde(default)]
+    pub kind: SnapshotKind,
     /// Job name.
     pub job: String,
     /// Checkpoint id.
@@ -169,6 +218,7 @@ mod tests {
     fn round_trips_and_detects_tampering() {
         let m = Manifest {
             format_version: FORMAT_VERSION,
+            kind: SnapshotKind::Savepoint,
             job: "j".into(),
             checkpoint_id: 4,
             created_unix_ms: 1,
@@ -178,7 +228,20 @@ mod tests {
                 uid: "count".into(),
                 kind: "operator".into(),
                 parallelism: 1,
-                component: Some(ComponentEntry { name: "c".into(), version: "1.0.0".into(), schema_version: 1 }),
+                component: Some(ComponentEntry {
+                    name: "c".into(),
+                    version: "1.0.0".into(),
+                    schema_version: 1,
+                    states: vec![StateEntry {
+                        name: "counts".into(),
+                        kind: "value".into(),
+                        keyed: true,
+                        redistribution: String::new(),
+                    }],
+                    sha256: Some("ab".into()),
+                    stored: None,
+                    replaces: vec![],
+                }),
                 subtasks: vec![SubtaskEntry {
                     index: 0,
                     file: "count-0.state".into(),
@@ -196,5 +259,19 @@ mod tests {
         bad[last] ^= 1;
         assert!(matches!(Manifest::decode(&bad), Err(ManifestError::Checksum { .. })));
         assert_eq!(Manifest::decode(b"garbage"), Err(ManifestError::Header));
+    }
+
+    #[test]
+    fn version_1_manifests_still_load() {
+        let body = br#"{"format_version":1,"job":"j","checkpoint_id":3,"created_unix_ms":1,"finished":false,
+            "max_parallelism":8,"operators":[{"uid":"c","kind":"operator","parallelism":1,
+            "component":{"name":"c","version":"1.0.0","schema_version":1},"subtasks":[]}],
+            "metrics":{"id":3,"trigger_unix_ms":0,"duration_ms":1.0,"sync_ms_max":0.0,"async_ms_max":0.0,
+            "alignment_ms_max":0.0,"bytes":0}}"#;
+        let mut bytes = format!("weir-checkpoint 1 crc32={:08x}\n", crc32fast::hash(body)).into_bytes();
+        bytes.extend_from_slice(body);
+        let m = Manifest::decode(&bytes).unwrap();
+        assert_eq!(m.kind, SnapshotKind::Checkpoint);
+        assert!(m.operators[0].component.as_ref().unwrap().states.is_empty());
     }
 }

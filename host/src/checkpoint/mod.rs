@@ -3,11 +3,14 @@
 
 pub mod alignment;
 pub mod backedge;
+pub mod compat;
 pub mod control;
 pub mod coordinator;
 pub mod driver;
+pub mod layout;
 pub mod metadata;
 pub mod recovery;
 pub mod snapshot;
 pub mod storage;
+pub mod upgrade;
 pub mod writer;

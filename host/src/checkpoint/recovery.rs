@@ -3,17 +3,22 @@
 //!
 //! Invariants: nodes are matched by uid; keyed state moves by key group, so every key group
 //! in the checkpoint lands on exactly the subtask that owns it at the new parallelism;
-//! sources and sinks keep their parallelism (their positions and transactions are per
-//! subtask); a refusal names the node and what to do.
+//! non-keyed operator state moves as the restoring component declares it (`split`: every
+//! element to exactly one new subtask; `union`: every element to every new subtask; `none`:
+//! only at the same parallelism); a file sink's pending transactions of a subtask that no
+//! longer exists are adopted by subtask 0, which commits them; sources keep their
+//! parallelism (their positions are per subtask); a refusal names the node and what to do.
 
 use std::collections::BTreeMap;
 
 use thiserror::Error;
 
+use crate::checkpoint::layout::{self, NamedState};
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::checkpoint::storage::LoadedCheckpoint;
 use crate::graph::logical::{JobGraph, NodeKind};
 use crate::keygroup::key_group_range;
+use crate::sandbox::bindings::types::Redistribution;
 
 /// Why a checkpoint cannot be restored into a job.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -30,9 +35,10 @@ pub enum RecoveryError {
         /// In the job.
         new: u32,
     },
-    /// A source or sink changed parallelism.
+    /// A source changed parallelism.
     #[error(
-        "`{uid}` ran with parallelism {old} in checkpoint {chk} and has {new} now; sources and sinks restore at their checkpointed parallelism"
+        "source `{uid}` ran with parallelism {old} in checkpoint {chk} and has {new} now; sources restore at their \
+         checkpointed parallelism (their read positions are per subtask): set its parallelism back to {old}"
     )]
     Parallelism {
         /// Node uid.
@@ -44,11 +50,30 @@ pub enum RecoveryError {
         /// In the job.
         new: u32,
     },
-    /// Non-keyed operator state cannot be redistributed yet.
+    /// Non-keyed operator state that cannot be redistributed.
     #[error(
-        "operator `{uid}` holds non-keyed state in checkpoint {chk} at parallelism {old}; it cannot be redistributed to parallelism {new}"
+        "operator `{uid}` holds non-keyed state `{state}` in checkpoint {chk} at parallelism {old}, declared with \
+         redistribution `none`: it cannot move to parallelism {new}; keep parallelism {old}, or declare the state \
+         as a list with `split` or `union` redistribution"
     )]
     OperatorState {
+        /// Node uid.
+        uid: String,
+        /// State name.
+        state: String,
+        /// Checkpoint id.
+        chk: u64,
+        /// In the checkpoint.
+        old: u32,
+        /// In the job.
+        new: u32,
+    },
+    /// Loop records in transit that have no key group cannot be re-routed.
+    #[error(
+        "operator `{uid}` logged records in transit on a loop back-edge in checkpoint {chk} that were not hash \
+         partitioned; they cannot be re-routed from parallelism {old} to {new}: keep parallelism {old}"
+    )]
+    BackEdgeLog {
         /// Node uid.
         uid: String,
         /// Checkpoint id.
@@ -57,6 +82,18 @@ pub enum RecoveryError {
         old: u32,
         /// In the job.
         new: u32,
+    },
+    /// A state blob does not follow the layout.
+    #[error("operator `{uid}` subtask {subtask} in checkpoint {chk}: {source}")]
+    Layout {
+        /// Node uid.
+        uid: String,
+        /// Subtask.
+        subtask: u32,
+        /// Checkpoint id.
+        chk: u64,
+        /// Why.
+        source: layout::LayoutError,
     },
     /// The checkpoint has state for a node the job no longer has.
     #[error("checkpoint {chk} holds state of `{uid}`, which the job no longer has")]
@@ -71,8 +108,33 @@ pub enum RecoveryError {
 /// What each subtask restores: `plan[node][subtask]`, `None` = starts empty.
 pub type RestorePlan = Vec<Vec<Option<SubtaskState>>>;
 
-/// Maps `chk` onto `graph`. `allow_unmatched` lets state of removed nodes be dropped.
-pub fn plan(chk: &LoadedCheckpoint, graph: &JobGraph, allow_unmatched: bool) -> Result<RestorePlan, RecoveryError> {
+/// What the restoring component says about one of its states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateRule {
+    /// Keep it; non-keyed state moves like this on rescale.
+    Keep(Redistribution),
+    /// Drop it (the component no longer declares it; the user allowed dropping).
+    Drop,
+}
+
+/// Maps `chk` onto `graph` with the restoring components' declarations: how each non-keyed
+/// state moves (`redistribution(node, state)`; undeclared counts as `none`) and which states
+/// are dropped per node (`dropped`, allowed by the user). `allow_unmatched` lets state of
+/// removed nodes be dropped.
+pub fn plan(
+    chk: &LoadedCheckpoint,
+    graph: &JobGraph,
+    redistribution: &dyn Fn(usize, &str) -> Redistribution,
+    dropped: &BTreeMap<usize, Vec<String>>,
+    allow_unmatched: bool,
+) -> Result<RestorePlan, RecoveryError> {
+    let rule = |node: usize, state: &str| {
+        if dropped.get(&node).is_some_and(|d| d.iter().any(|n| n == state)) {
+            StateRule::Drop
+        } else {
+            StateRule::Keep(redistribution(node, state))
+        }
+    };
     let m = &chk.manifest;
     let id = m.checkpoint_id;
     if m.max_parallelism != graph.max_parallelism {
@@ -88,7 +150,7 @@ pub fn plan(chk: &LoadedCheckpoint, graph: &JobGraph, allow_unmatched: bool) -> 
         let new_p = node.parallelism;
         let state_of = |i: u32| chk.states.get(&(entry.uid.clone(), i));
         match &node.kind {
-            NodeKind::Source(_) | NodeKind::Sink(_) => {
+            NodeKind::Source(_) => {
                 if old_p != new_p {
                     return Err(RecoveryError::Parallelism { uid: entry.uid.clone(), chk: id, old: old_p, new: new_p });
                 }
@@ -96,42 +158,74 @@ pub fn plan(chk: &LoadedCheckpoint, graph: &JobGraph, allow_unmatched: bool) -> 
                     plan[ni][s as usize] = state_of(s).cloned();
                 }
             }
-            NodeKind::Operator(_) => {
-                if old_p != new_p && (0..old_p).any(|i| state_of(i).is_some_and(|s| !s.operator_state.is_empty())) {
-                    return Err(RecoveryError::OperatorState {
-                        uid: entry.uid.clone(),
-                        chk: id,
-                        old: old_p,
-                        new: new_p,
-                    });
+            NodeKind::Sink(_) => {
+                for s in 0..new_p {
+                    let mut st = state_of(s).cloned().unwrap_or_default();
+                    if s >= old_p {
+                        // A new subtask: it starts with an empty transaction log, which also
+                        // clears any files its index left in a later, rolled-back run.
+                        st.sink.get_or_insert_with(Default::default);
+                    }
+                    plan[ni][s as usize] = Some(st);
                 }
+                for old in new_p..old_p {
+                    if let (Some(sink), Some(Some(first))) =
+                        (state_of(old).and_then(|s| s.sink.clone()), plan[ni].get_mut(0))
+                    {
+                        first.adopted_sinks.push((old, sink));
+                    }
+                }
+            }
+            NodeKind::Operator(_) => {
+                let layout_err = |subtask: u32| {
+                    let uid = entry.uid.clone();
+                    move |source| RecoveryError::Layout { uid, subtask, chk: id, source }
+                };
+                // Keyed blobs are only parsed when a state is being dropped.
+                let dropping = dropped.get(&ni).is_some_and(|d| !d.is_empty());
+                let drop_undeclared = |blob: &[u8], subtask: u32| -> Result<Vec<u8>, RecoveryError> {
+                    if dropping {
+                        layout::retain(blob, |n| rule(ni, n) != StateRule::Drop).map_err(layout_err(subtask))
+                    } else {
+                        Ok(blob.to_vec())
+                    }
+                };
                 let mut by_group = BTreeMap::new();
                 for i in 0..old_p {
                     if let Some(s) = state_of(i) {
                         for kg in &s.keyed {
+                            let mut kg = kg.clone();
+                            kg.data = drop_undeclared(&kg.data, i)?;
                             by_group.insert(kg.key_group, kg);
                         }
                     }
                 }
+                let operator_states = redistribute_operator_state(
+                    &entry.uid,
+                    id,
+                    (0..old_p).map(|i| (i, state_of(i).map_or(&[][..], |s| &s.operator_state[..]))),
+                    old_p,
+                    new_p,
+                    &|name| rule(ni, name),
+                )?;
                 for s in 0..new_p {
                     let range = key_group_range(graph.max_parallelism, new_p, s);
-                    let keyed = by_group.range(range).map(|(_, kg)| (*kg).clone()).collect();
-                    let operator_state = if old_p == new_p {
-                        state_of(s).map(|st| st.operator_state.clone()).unwrap_or_default()
-                    } else {
-                        Vec::new()
-                    };
+                    let keyed = by_group.range(range).map(|(_, kg)| kg.clone()).collect();
                     let backedge_log = if old_p == new_p {
                         state_of(s).map(|st| st.backedge_log.clone()).unwrap_or_default()
                     } else {
                         Vec::new()
                     };
-                    plan[ni][s as usize] =
-                        Some(SubtaskState { keyed, operator_state, backedge_log, ..Default::default() });
+                    plan[ni][s as usize] = Some(SubtaskState {
+                        keyed,
+                        operator_state: operator_states[s as usize].clone(),
+                        backedge_log,
+                        ..Default::default()
+                    });
                 }
                 if old_p != new_p {
                     redistribute_log(&mut plan[ni], (0..old_p).filter_map(state_of), graph.max_parallelism, new_p)
-                        .map_err(|()| RecoveryError::OperatorState {
+                        .map_err(|()| RecoveryError::BackEdgeLog {
                             uid: entry.uid.clone(),
                             chk: id,
                             old: old_p,
@@ -142,6 +236,76 @@ pub fn plan(chk: &LoadedCheckpoint, graph: &JobGraph, allow_unmatched: bool) -> 
         }
     }
     Ok(plan)
+}
+
+/// Non-keyed state of old subtasks `(index, blob)` onto `new_p` subtasks, state by state, as
+/// `rule` says. At unchanged parallelism every subtask keeps its own (minus dropped states).
+fn redistribute_operator_state<'a>(
+    uid: &str,
+    chk: u64,
+    old: impl Iterator<Item = (u32, &'a [u8])>,
+    old_p: u32,
+    new_p: u32,
+    rule: &dyn Fn(&str) -> StateRule,
+) -> Result<Vec<Vec<u8>>, RecoveryError> {
+    let mut out: Vec<Vec<NamedState>> = vec![Vec::new(); new_p as usize];
+    let mut dealt = 0usize;
+    for (i, blob) in old {
+        let states = layout::decode(blob).map_err(|source| RecoveryError::Layout {
+            uid: uid.into(),
+            subtask: i,
+            chk,
+            source,
+        })?;
+        for st in states {
+            let r = rule(&st.name);
+            if r == StateRule::Drop {
+                continue;
+            }
+            let target = |out: &mut Vec<Vec<NamedState>>, s: usize| -> usize {
+                match out[s].iter().position(|n| n.name == st.name) {
+                    Some(p) => p,
+                    None => {
+                        out[s].push(NamedState { name: st.name.clone(), entries: Vec::new() });
+                        out[s].len() - 1
+                    }
+                }
+            };
+            if old_p == new_p {
+                let t = target(&mut out, i as usize);
+                out[i as usize][t].entries.extend(st.entries);
+                continue;
+            }
+            match r {
+                StateRule::Keep(Redistribution::Split) => {
+                    for e in st.entries {
+                        let s = dealt % new_p as usize;
+                        dealt += 1;
+                        let t = target(&mut out, s);
+                        out[s][t].entries.push(e);
+                    }
+                }
+                StateRule::Keep(Redistribution::Union) => {
+                    for s in 0..new_p as usize {
+                        let t = target(&mut out, s);
+                        out[s][t].entries.extend(st.entries.iter().cloned());
+                    }
+                }
+                StateRule::Keep(Redistribution::None) | StateRule::Drop => {
+                    if !st.entries.is_empty() {
+                        return Err(RecoveryError::OperatorState {
+                            uid: uid.into(),
+                            state: st.name,
+                            chk,
+                            old: old_p,
+                            new: new_p,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(out.iter().map(|s| layout::encode(s)).collect())
 }
 
 /// Moves back-edge records in transit to the subtask that owns each record's key group at
@@ -188,6 +352,14 @@ mod tests {
     use crate::checkpoint::snapshot::KeyGroupSnapshot;
     use proptest::prelude::*;
 
+    fn keep(_: usize, _: &str) -> Redistribution {
+        Redistribution::None
+    }
+
+    fn none() -> BTreeMap<usize, Vec<String>> {
+        BTreeMap::new()
+    }
+
     fn graph(p: u32, max_p: u32) -> JobGraph {
         let src = format!(
             "[job]\nname = \"j\"\nmax_parallelism = {max_p}\n[[source]]\nid = \"s\"\ntype = \"generator\"\ncount = 1\n\
@@ -229,6 +401,7 @@ mod tests {
             path: "/chk".into(),
             manifest: Manifest {
                 format_version: FORMAT_VERSION,
+                kind: Default::default(),
                 job: "j".into(),
                 checkpoint_id: 7,
                 created_unix_ms: 0,
@@ -252,7 +425,7 @@ mod tests {
         fn every_key_group_lands_on_its_new_owner_exactly_once(
             old_p in 1u32..8, new_p in 1u32..8, groups in proptest::collection::btree_set(0u32..32, 0..32)) {
             let groups: Vec<u32> = groups.into_iter().collect();
-            let plan = plan(&checkpoint(old_p, 32, &groups), &graph(new_p, 32), false).unwrap();
+            let plan = plan(&checkpoint(old_p, 32, &groups), &graph(new_p, 32), &keep, &none(), false).unwrap();
             let mut seen = Vec::new();
             for (s, st) in plan[1].iter().enumerate() {
                 let r = key_group_range(32, new_p, s as u32);
@@ -267,14 +440,66 @@ mod tests {
         }
     }
 
+    fn with_lists(old_p: u32, per_subtask: &[&[u8]]) -> LoadedCheckpoint {
+        let mut c = checkpoint(old_p, 32, &[]);
+        for (i, elems) in per_subtask.iter().enumerate() {
+            let st = NamedState { name: "l".into(), entries: elems.iter().map(|e| (vec![], vec![*e])).collect() };
+            c.states.get_mut(&("op".to_string(), i as u32)).unwrap().operator_state = layout::encode(&[st]);
+        }
+        c
+    }
+
+    fn elements(p: &RestorePlan, s: usize) -> Vec<u8> {
+        let blob = &p[1][s].as_ref().unwrap().operator_state;
+        layout::decode(blob).unwrap().into_iter().flat_map(|n| n.entries.into_iter().map(|e| e.1[0])).collect()
+    }
+
+    proptest! {
+        #[test]
+        #[allow(clippy::needless_range_loop)]
+        fn split_lists_land_exactly_once_and_unions_everywhere(old_p in 1u32..5, new_p in 1u32..5, n in 0u8..20) {
+            let lists: Vec<Vec<u8>> = (0..old_p).map(|i| (0..n).filter(|e| *e as u32 % old_p == i).collect()).collect();
+            let refs: Vec<&[u8]> = lists.iter().map(|l| &l[..]).collect();
+            let c = with_lists(old_p, &refs);
+            let split = |_: usize, _: &str| Redistribution::Split;
+            let p = plan(&c, &graph(new_p, 32), &split, &none(), false).unwrap();
+            let mut all: Vec<u8> = (0..new_p as usize).flat_map(|s| elements(&p, s)).collect();
+            all.sort();
+            prop_assert_eq!(all, (0..n).collect::<Vec<u8>>());
+            let union = |_: usize, _: &str| Redistribution::Union;
+            let p = plan(&c, &graph(new_p, 32), &union, &none(), false).unwrap();
+            for s in 0..new_p as usize {
+                let mut e = elements(&p, s);
+                e.sort();
+                if old_p == new_p {
+                    prop_assert_eq!(e, lists[s].clone());
+                } else {
+                    prop_assert_eq!(e, (0..n).collect::<Vec<u8>>());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn non_keyed_state_without_redistribution_refuses_a_rescale_naming_the_state() {
+        let c = with_lists(2, &[&[1], &[2]]);
+        let e = plan(&c, &graph(3, 32), &keep, &none(), false).unwrap_err();
+        assert!(matches!(&e, RecoveryError::OperatorState { state, .. } if state == "l"), "{e}");
+        assert!(e.to_string().contains("keep parallelism 2"), "{e}");
+        assert_eq!(elements(&plan(&c, &graph(2, 32), &keep, &none(), false).unwrap(), 1), vec![2]);
+        let drop = BTreeMap::from([(1, vec!["l".to_string()])]);
+        let p = plan(&c, &graph(3, 32), &keep, &drop, false).unwrap();
+        assert!(p[1].iter().all(|s| s.as_ref().unwrap().operator_state.is_empty()));
+    }
+
     #[test]
     fn refusals_name_what_to_do() {
-        let e = plan(&checkpoint(2, 32, &[1]), &graph(2, 64), false).unwrap_err();
+        let e = plan(&checkpoint(2, 32, &[1]), &graph(2, 64), &keep, &none(), false).unwrap_err();
         assert!(e.to_string().contains("set [job] max_parallelism = 32"), "{e}");
         let mut g = graph(2, 32);
         g.nodes[1].id = crate::ids::NodeId::new("renamed");
-        let e = plan(&checkpoint(2, 32, &[1]), &g, false).unwrap_err();
+        let e = plan(&checkpoint(2, 32, &[1]), &g, &keep, &none(), false).unwrap_err();
         assert_eq!(e, RecoveryError::Unmatched { uid: "op".into(), chk: 7 });
-        assert!(plan(&checkpoint(2, 32, &[1]), &g, true).is_ok());
+        assert!(plan(&checkpoint(2, 32, &[1]), &g, &keep, &none(), true).is_ok());
     }
 }

@@ -74,6 +74,10 @@ pub struct SubtaskState {
     /// Loop heads: records in transit on back-edges, replayed after the state on recovery.
     #[serde(default)]
     pub backedge_log: Vec<LoggedBatch>,
+    /// Restore plans only (never written): file sink transactions of subtasks that no
+    /// longer exist after a rescale, committed by the subtask that adopts them.
+    #[serde(skip)]
+    pub adopted_sinks: Vec<(u32, SinkState)>,
 }
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
@@ -153,6 +157,7 @@ mod tests {
             source: Some(SourcePosition::File { offset: 10, line: 2 }),
             sink: Some(SinkState { next_part: 4, pending: vec![(7, 3)] }),
             backedge_log: vec![LoggedBatch { side: 0, records: 1, bytes: vec![1, 2] }],
+            adopted_sinks: vec![],
         }
     }
 

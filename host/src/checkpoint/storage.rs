@@ -204,6 +204,60 @@ impl CheckpointStore {
     }
 }
 
+/// Stores a live-upgraded component's bytes under the job's directory
+/// (`components/<sha256>.wasm`); returns the path relative to a checkpoint directory.
+pub fn store_component(root: &Path, sha256: &str, bytes: &[u8]) -> std::io::Result<String> {
+    let dir = root.join("components");
+    fs::create_dir_all(&dir)?;
+    let file = dir.join(format!("{sha256}.wasm"));
+    if !file.exists() {
+        write_atomic(&file, bytes)?;
+    }
+    Ok(format!("../components/{sha256}.wasm"))
+}
+
+/// Copies the complete checkpoint in `chk_dir` into the savepoint directory `target`:
+/// every state file (hard-linked when on the same filesystem, else copied) and stored
+/// component, then the manifest marked `savepoint` with paths relative to `target`, written
+/// last. `target` must not exist or be empty. Returns the bytes written.
+pub fn export_savepoint(chk_dir: &Path, manifest: &Manifest, target: &Path) -> std::io::Result<u64> {
+    if target.exists() && fs::read_dir(target)?.next().is_some() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("savepoint directory {} exists and is not empty; choose another one", target.display()),
+        ));
+    }
+    fs::create_dir_all(target)?;
+    let mut bytes = 0;
+    let mut m = manifest.clone();
+    m.kind = crate::checkpoint::metadata::SnapshotKind::Savepoint;
+    for op in &mut m.operators {
+        for s in &op.subtasks {
+            let (from, to) = (chk_dir.join(&s.file), target.join(&s.file));
+            if fs::hard_link(&from, &to).is_err() {
+                fs::copy(&from, &to)?;
+                File::open(&to)?.sync_all()?;
+            }
+            bytes += s.bytes;
+        }
+        if let Some(c) = op.component.as_mut()
+            && let Some(stored) = c.stored.clone()
+        {
+            let name = Path::new(&stored).file_name().unwrap_or_default().to_string_lossy().to_string();
+            fs::create_dir_all(target.join("components"))?;
+            let to = target.join("components").join(&name);
+            if !to.exists() {
+                fs::copy(chk_dir.join(&stored), &to)?;
+                File::open(&to)?.sync_all()?;
+            }
+            c.stored = Some(format!("components/{name}"));
+        }
+    }
+    let encoded = m.encode();
+    write_atomic(&target.join(MANIFEST), &encoded)?;
+    Ok(bytes + encoded.len() as u64)
+}
+
 fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
     let path = dir.join(MANIFEST);
     let bytes = match fs::read(&path) {
@@ -245,6 +299,7 @@ mod tests {
     fn manifest(id: u64, file: &str, bytes: u64, crc: u32) -> Manifest {
         Manifest {
             format_version: FORMAT_VERSION,
+            kind: Default::default(),
             job: "j".into(),
             checkpoint_id: id,
             created_unix_ms: 0,

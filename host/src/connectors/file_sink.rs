@@ -78,38 +78,27 @@ impl FileSink {
     /// Opens subtask `subtask`'s sink in `dir`. With `restored` state, finishes the restored
     /// checkpoint's transactions and discards everything after it.
     pub fn open(dir: &Path, subtask: u32, format: SinkFormat, restored: Option<&SinkState>) -> std::io::Result<Self> {
+        Self::open_adopting(dir, subtask, format, restored, &[])
+    }
+
+    /// Like [`FileSink::open`], and also finishes the transactions of `adopted` subtasks
+    /// (which no longer exist after a rescale to fewer subtasks): commits their pending
+    /// parts and removes their uncommitted ones.
+    pub fn open_adopting(
+        dir: &Path,
+        subtask: u32,
+        format: SinkFormat,
+        restored: Option<&SinkState>,
+        adopted: &[(u32, SinkState)],
+    ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut sink = FileSink { dir: dir.into(), subtask, format, next_part: 0, current: None, pending: Vec::new() };
         if let Some(st) = restored {
             sink.next_part = st.next_part;
-            for &(_, part) in &st.pending {
-                let (p, c) = (pending(dir, subtask, part), committed(dir, subtask, part));
-                if p.exists() {
-                    std::fs::rename(&p, &c)?;
-                } else if !c.exists() {
-                    return Err(std::io::Error::other(format!(
-                        "part {} pre-committed by the restored checkpoint is missing (neither {} nor {} exists)",
-                        part,
-                        p.display(),
-                        c.display()
-                    )));
-                }
-            }
-            // The restored pending parts are committed now, so every hidden file left is work
-            // after the checkpoint, and a committed part at or past `next_part` is from the
-            // future of an older checkpoint being restored.
-            for e in std::fs::read_dir(dir)?.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                let Some((hidden, s, n)) = parse_name(&name) else { continue };
-                if s != subtask {
-                    continue;
-                }
-                let stale = hidden || n >= st.next_part;
-                if stale {
-                    std::fs::remove_file(e.path())?;
-                }
-            }
-            sync_dir(dir)?;
+            recover(dir, subtask, st)?;
+        }
+        for (old, st) in adopted {
+            recover(dir, *old, st)?;
         }
         Ok(sink)
     }
@@ -185,6 +174,37 @@ pub fn clear_parts(dir: &Path) -> std::io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// Restores subtask `subtask`'s transactions to `st`: its pending parts are committed (the
+/// checkpoint that pre-committed them is complete), so every hidden file left is work after
+/// the checkpoint, and a committed part at or past `next_part` is from the future of an older
+/// checkpoint being restored; both are removed.
+fn recover(dir: &Path, subtask: u32, st: &SinkState) -> std::io::Result<()> {
+    for &(_, part) in &st.pending {
+        let (p, c) = (pending(dir, subtask, part), committed(dir, subtask, part));
+        if p.exists() {
+            std::fs::rename(&p, &c)?;
+        } else if !c.exists() {
+            return Err(std::io::Error::other(format!(
+                "part {} pre-committed by the restored checkpoint is missing (neither {} nor {} exists)",
+                part,
+                p.display(),
+                c.display()
+            )));
+        }
+    }
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some((hidden, s, n)) = parse_name(&name) else { continue };
+        if s != subtask {
+            continue;
+        }
+        if hidden || n >= st.next_part {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    sync_dir(dir)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::Path;
 
+use crate::connectors::throttle::Throttle;
 use crate::record::RecordRef;
 use crate::runtime::output::{Disconnected, Output};
 
@@ -20,9 +21,7 @@ pub struct FileSource {
     subtask: u64,
     parallelism: u64,
     key_column: Option<u32>,
-    rate: Option<u64>,
-    started: std::time::Instant,
-    emitted: u64,
+    throttle: Option<Throttle>,
 }
 
 /// Why a file source stopped.
@@ -52,9 +51,7 @@ impl FileSource {
             subtask: subtask as u64,
             parallelism: parallelism as u64,
             key_column,
-            rate,
-            started: std::time::Instant::now(),
-            emitted: 0,
+            throttle: rate.map(Throttle::new),
         })
     }
 
@@ -74,9 +71,7 @@ impl FileSource {
             subtask: subtask as u64,
             parallelism: parallelism as u64,
             key_column: None,
-            rate: None,
-            started: std::time::Instant::now(),
-            emitted: 0,
+            throttle: None,
         }
     }
 
@@ -91,20 +86,24 @@ impl FileSource {
         Ok(())
     }
 
-    /// Emits up to `max` lines; returns how many (0 at end of file).
-    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<u32, FileSourceError> {
-        if let Some(rate) = self.rate {
-            let due = self.started + std::time::Duration::from_secs_f64(self.emitted as f64 / rate as f64);
-            if let Some(wait) = due.checked_duration_since(std::time::Instant::now()) {
-                out.flush().map_err(FileSourceError::Disconnected)?;
-                std::thread::sleep(wait);
+    /// Emits up to `max` lines; returns how many (`Some(0)`: none due yet under `rate`;
+    /// `None`: end of file).
+    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<Option<u32>, FileSourceError> {
+        let mut max = max;
+        if let Some(t) = self.throttle.as_mut() {
+            out.flush().map_err(FileSourceError::Disconnected)?;
+            max = t.admit(max);
+            if max == 0 {
+                return Ok(Some(0));
             }
         }
         let mut n = 0;
+        let mut eof = false;
         while n < max {
             self.line.clear();
             let read = self.reader.read_until(b'\n', &mut self.line).map_err(FileSourceError::Io)?;
             if read == 0 {
+                eof = true;
                 break;
             }
             self.offset += read as u64;
@@ -128,7 +127,9 @@ impl FileSource {
                 .map_err(FileSourceError::Disconnected)?;
             n += 1;
         }
-        self.emitted += n as u64;
-        Ok(n)
+        if let Some(t) = self.throttle.as_mut() {
+            t.record(n);
+        }
+        Ok(if n == 0 && eof { None } else { Some(n) })
     }
 }

@@ -5,8 +5,7 @@
 //! bytes of a splitmix64 stream seeded by `(seed, i)`. Its position is the next `i`, so it
 //! can rewind to any position.
 
-use std::time::{Duration, Instant};
-
+use crate::connectors::throttle::Throttle;
 use crate::graph::logical::GeneratorConfig;
 use crate::runtime::output::{Disconnected, Output};
 
@@ -26,8 +25,7 @@ pub struct Generator {
     step: u64,
     key: Vec<u8>,
     value: Vec<u8>,
-    started: Instant,
-    emitted: u64,
+    throttle: Option<Throttle>,
 }
 
 impl Generator {
@@ -39,8 +37,7 @@ impl Generator {
             step: parallelism as u64,
             key: Vec::with_capacity(24),
             value: Vec::with_capacity(cfg.value_bytes.unwrap_or(24) as usize),
-            started: Instant::now(),
-            emitted: 0,
+            throttle: cfg.rate.map(Throttle::new),
         }
     }
 
@@ -54,16 +51,18 @@ impl Generator {
         self.next = next;
     }
 
-    /// Emits up to `max` records; returns how many (0 = exhausted).
-    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<u32, Disconnected> {
-        if let Some(rate) = self.cfg.rate {
-            let due = self.started + Duration::from_secs_f64(self.emitted as f64 / rate as f64);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                // About to idle: send what is buffered first, so throttling never adds
-                // batching latency.
-                out.flush()?;
-                std::thread::sleep(wait);
-            }
+    /// Emits up to `max` records; returns how many (`Some(0)`: none due yet under `rate`;
+    /// `None`: exhausted).
+    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<Option<u32>, Disconnected> {
+        if self.next >= self.cfg.count {
+            return Ok(None);
+        }
+        let mut max = max;
+        if let Some(t) = self.throttle.as_mut() {
+            // About to idle: send what is buffered first, so throttling never adds
+            // batching latency.
+            out.flush()?;
+            max = t.admit(max);
         }
         let mut n = 0;
         while n < max && self.next < self.cfg.count {
@@ -87,8 +86,10 @@ impl Generator {
             self.next += self.step;
             n += 1;
         }
-        self.emitted += n as u64;
-        Ok(n)
+        if let Some(t) = self.throttle.as_mut() {
+            t.record(n);
+        }
+        Ok(Some(n))
     }
 
     /// Timestamp of the last record emitted (for watermarks).

@@ -3,3 +3,4 @@
 pub mod file_sink;
 pub mod file_source;
 pub mod generator;
+pub mod throttle;

@@ -73,7 +73,7 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
             .into());
         }
         if info.has_keyed_state() {
-            let states: Vec<&str> = info.states.iter().filter(|s| s.2).map(|s| s.0.as_str()).collect();
+            let states: Vec<&str> = info.states.iter().filter(|s| s.keyed).map(|s| s.name.as_str()).collect();
             for e in &inputs {
                 if e.partition != Partition::Hash {
                     return Err(err(e.line, format!(

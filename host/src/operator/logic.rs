@@ -83,6 +83,14 @@ impl OperatorFactory {
         }
     }
 
+    /// SHA-256 of the component's bytes (WASM components).
+    pub fn sha256(&self) -> Option<&str> {
+        match self {
+            OperatorFactory::Wasm(c) => Some(&c.sha256),
+            OperatorFactory::NativeKeyedCount(_) => None,
+        }
+    }
+
     /// A new instance for the subtask described by `host`.
     pub fn instantiate(&self, host: HostState) -> Result<Box<dyn OperatorLogic>, GuestError> {
         Ok(match self {

@@ -13,7 +13,7 @@ use crate::graph::logical::Side;
 use crate::record::Batch;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, StateKind, TimeDomain};
 use crate::sandbox::host::HostState;
-use crate::sandbox::instance::{GuestError, OperatorInfo};
+use crate::sandbox::instance::{DeclaredState, GuestError, OperatorInfo};
 
 use super::OperatorLogic;
 
@@ -24,7 +24,12 @@ pub fn info() -> OperatorInfo {
         version: "1.0.0".into(),
         schema_version: 1,
         migrates_from: vec![],
-        states: vec![("count".into(), StateKind::Value, true)],
+        states: vec![DeclaredState {
+            name: "count".into(),
+            kind: StateKind::Value,
+            keyed: true,
+            redistribution: crate::sandbox::bindings::types::Redistribution::None,
+        }],
         side_outputs: vec![],
         two_input: false,
     }

@@ -74,6 +74,20 @@ pub enum RunError {
         /// The root cause.
         cause: TaskFailure,
     },
+    /// The restored state cannot go into the job's components (refused before starting).
+    #[error("job `{job}` refused to start: {message}")]
+    Incompatible {
+        /// Job name.
+        job: String,
+        /// Which operator, which versions, what to do.
+        message: String,
+    },
+    /// Cancelled by a user.
+    #[error("job `{job}` was cancelled")]
+    Cancelled {
+        /// Job name.
+        job: String,
+    },
     /// Setting up the job failed (e.g. the sink directory).
     #[error("job `{job}`: {message}")]
     Setup {

@@ -17,9 +17,12 @@ use crossbeam_channel::{bounded, unbounded};
 
 use crate::checkpoint::control::{Control, Event, WriteJob};
 use crate::checkpoint::driver::{self, Completed, DriverConfig, DriverEnd, NodeTemplate, TaskTemplate};
+use std::collections::BTreeMap;
+
+use crate::checkpoint::compat;
 use crate::checkpoint::metadata::ComponentEntry;
 use crate::checkpoint::recovery;
-use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
+use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint, store_component};
 use crate::checkpoint::writer;
 use crate::connectors::file_sink::{FileSink, clear_parts};
 use crate::connectors::file_source::FileSource;
@@ -29,8 +32,10 @@ use crate::graph::partition::Partition;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
 use crate::keygroup::key_group_range;
+use crate::operator::OperatorFactory;
 use crate::runtime::error::{RunError, TaskFailure};
 use crate::runtime::faults::FaultPlan;
+use crate::runtime::handle::{Endpoint, JobState, NodeStatus, Request, SavepointInfo};
 use crate::runtime::input::{InputChannel, Inputs};
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{EdgeOutput, Output};
@@ -39,8 +44,11 @@ use crate::runtime::sink::{SinkTask, SinkWriter};
 use crate::runtime::source::{SourceReader, SourceTask};
 use crate::runtime::task::{Faults, OperatorTask, Restore};
 use crate::runtime::termination::LoopTermination;
+use crate::runtime::upgrade::{self, component_entry};
+use crate::sandbox::bindings::types::Redistribution;
 use crate::sandbox::bindings::types::TaskInfo;
 use crate::sandbox::host::HostState;
+use crate::sandbox::instance::LoadedComponent;
 
 /// Where to restore a run from.
 #[derive(Debug, Clone)]
@@ -64,6 +72,9 @@ pub struct RunOptions {
     pub allow_non_restored_state: bool,
     /// Failure injection (tests).
     pub faults: Option<Arc<FaultPlan>>,
+    /// The job's end of a [`JobHandle`](crate::runtime::handle::JobHandle): savepoints,
+    /// stop, upgrades, cancel, status.
+    pub endpoint: Option<Endpoint>,
 }
 
 /// Counters of one node at the end of a run.
@@ -92,6 +103,8 @@ pub struct RunSummary {
     pub checkpoints: u64,
     /// The checkpoint the first attempt restored, if any.
     pub restored_from: Option<u64>,
+    /// The job was stopped with this savepoint (instead of running to its end).
+    pub stopped_with: Option<SavepointInfo>,
 }
 
 enum Task {
@@ -103,7 +116,89 @@ enum Task {
 /// How one attempt ended.
 enum AttemptEnd {
     Done(Vec<NodeSummary>),
+    Stopped(Vec<NodeSummary>, SavepointInfo),
     Failed(TaskFailure),
+}
+
+/// The running component of every operator node and how manifests record it.
+type Live = Arc<Mutex<BTreeMap<usize, (OperatorFactory, ComponentEntry)>>>;
+
+/// Chooses each operator's component for a run that restores `chk`: the job file's, unless
+/// the checkpoint records a live upgrade away from exactly that component, in which case the
+/// upgraded component stored with the checkpoints runs (the upgrade outlives the process).
+/// Then checks every operator's state against its component (`checkpoint::compat`) and
+/// returns the states to drop per node.
+fn resolve_components(
+    job: &BoundJob,
+    chk: Option<&LoadedCheckpoint>,
+    allow_dropped: bool,
+    live: &Live,
+) -> Result<BTreeMap<usize, Vec<String>>, String> {
+    let g = &job.graph;
+    let mut dropped = BTreeMap::new();
+    for (&i, f) in &job.components {
+        let uid = g.nodes[i].id.as_str();
+        let mut factory = f.clone();
+        let mut entry = component_entry(f);
+        let recorded = chk.and_then(|c| c.manifest.operator(uid)).and_then(|o| o.component.as_ref());
+        if let (Some(c), Some(rec)) = (chk, recorded)
+            && let (Some(stored), Some(sha), OperatorFactory::Wasm(lc)) = (&rec.stored, f.sha256(), f)
+            && rec.sha256.as_deref() != Some(sha)
+            && rec.replaces.iter().any(|r| r == sha)
+        {
+            let path = c.path.join(stored);
+            let up = LoadedComponent::load(lc.engine(), uid, &path).map_err(|e| e.to_string())?;
+            if rec.sha256.as_deref() != Some(up.sha256.as_str()) {
+                return Err(format!(
+                    "operator `{uid}`: the upgraded component stored at {} does not match its recorded digest; \
+                     restore an older checkpoint or run with the job file's component after removing the upgrade",
+                    path.display()
+                ));
+            }
+            eprintln!(
+                "operator `{uid}`: running {} {} (live-upgraded; stored with the checkpoints) instead of the job \
+                 file's {} {}",
+                up.info.name,
+                up.info.version,
+                f.info().name,
+                f.info().version
+            );
+            factory = OperatorFactory::Wasm(Arc::new(up));
+            entry = component_entry(&factory);
+            entry.replaces = rec.replaces.clone();
+        }
+        if let (Some(c), Some(rec)) = (chk, recorded) {
+            let source = format!(
+                "{} {} ({})",
+                match c.manifest.kind {
+                    crate::checkpoint::metadata::SnapshotKind::Savepoint => "savepoint",
+                    crate::checkpoint::metadata::SnapshotKind::Checkpoint => "checkpoint",
+                },
+                c.manifest.checkpoint_id,
+                c.path.display()
+            );
+            let v = compat::check(uid, &source, rec, factory.info(), allow_dropped).map_err(|e| e.to_string())?;
+            if let Some(from) = v.migrates_from {
+                eprintln!(
+                    "operator `{uid}`: migrating state from schema {from} ({} {}) to schema {} ({} {})",
+                    rec.name,
+                    rec.version,
+                    factory.info().schema_version,
+                    factory.info().name,
+                    factory.info().version
+                );
+            }
+            for d in &v.dropped {
+                eprintln!(
+                    "warning: operator `{uid}`: dropping state `{d}`, which {} no longer declares",
+                    factory.info().name
+                );
+            }
+            dropped.insert(i, v.dropped);
+        }
+        live.lock().unwrap().insert(i, (factory, entry));
+    }
+    Ok(dropped)
 }
 
 /// Runs `job` until its sources are exhausted and every subtask finished, restarting after
@@ -114,7 +209,7 @@ pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
     let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
     let store = g.checkpoint.as_ref().map(|c| CheckpointStore::new(&c.dir, &g.name));
     let warn = |e: &storage::CheckpointError| eprintln!("warning: skipping {e}");
-    let mut restore = match &opts.restore {
+    let restore = match &opts.restore {
         None => None,
         Some(RestoreFrom::Latest) => {
             let s = store.as_ref().ok_or_else(|| {
@@ -132,28 +227,95 @@ pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
         Some(RestoreFrom::Path(p)) => Some(storage::load(p).map_err(|e| setup(format!("cannot restore: {e}")))?),
     };
     let restored_from = restore.as_ref().map(|c| c.manifest.checkpoint_id);
+    let live: Live = Arc::default();
+    let set_state = |state: JobState| {
+        if let Some(e) = &opts.endpoint {
+            e.status.lock().unwrap().state = state;
+        }
+    };
+    let result = run_attempts(job, opts, store.as_ref(), restore, &live, started, restored_from);
+    match &result {
+        Ok(s) => match &s.stopped_with {
+            Some(sp) => set_state(JobState::Stopped { savepoint: sp.path.clone() }),
+            None => set_state(JobState::Finished),
+        },
+        Err(RunError::Cancelled { .. }) => set_state(JobState::Cancelled),
+        Err(e) => set_state(JobState::Failed { cause: e.to_string() }),
+    }
+    result
+}
+
+fn run_attempts(
+    job: &BoundJob,
+    opts: &RunOptions,
+    store: Option<&CheckpointStore>,
+    mut restore: Option<LoadedCheckpoint>,
+    live: &Live,
+    started: Instant,
+    restored_from: Option<u64>,
+) -> Result<RunSummary, RunError> {
+    let g = &job.graph;
+    let warn = |e: &storage::CheckpointError| eprintln!("warning: skipping {e}");
     let completed = Arc::new(Completed::default());
     let mut failures = 0u32;
+    let user_cancel = opts.endpoint.as_ref().map(|e| e.cancel.clone());
     loop {
         if let Some(c) = &restore {
-            eprintln!("restoring job `{}` from checkpoint {} ({})", g.name, c.manifest.checkpoint_id, c.path.display());
+            let what = match c.manifest.kind {
+                crate::checkpoint::metadata::SnapshotKind::Savepoint => "savepoint",
+                crate::checkpoint::metadata::SnapshotKind::Checkpoint => "checkpoint",
+            };
+            eprintln!("restoring job `{}` from {what} {} ({})", g.name, c.manifest.checkpoint_id, c.path.display());
         }
-        match run_attempt(job, opts, failures, restore.as_ref(), store.as_ref(), &completed)? {
-            AttemptEnd::Done(nodes) => {
-                return Ok(RunSummary {
-                    elapsed: started.elapsed(),
-                    nodes,
-                    attempts: failures + 1,
-                    checkpoints: completed.count.load(Ordering::Relaxed),
-                    restored_from,
-                });
-            }
+        // Refused before any task starts: components that cannot take over their state.
+        let dropped = if failures == 0 {
+            resolve_components(job, restore.as_ref(), opts.allow_non_restored_state, live)
+                .map_err(|e| RunError::Incompatible { job: g.name.clone(), message: e })?
+        } else {
+            // Restarts keep the components running (a live upgrade stays in force).
+            BTreeMap::new()
+        };
+        if let Some(e) = &opts.endpoint {
+            let mut st = e.status.lock().unwrap();
+            st.attempts = failures + 1;
+            st.state = JobState::Running;
+            let l = live.lock().unwrap();
+            st.nodes = g
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| NodeStatus {
+                    uid: n.id.to_string(),
+                    parallelism: n.parallelism,
+                    component: l.get(&i).map(|(f, _)| upgrade::describe(f)),
+                    records_in: 0,
+                    records_out: 0,
+                })
+                .collect();
+        }
+        let summary = |nodes, stopped_with| RunSummary {
+            elapsed: started.elapsed(),
+            nodes,
+            attempts: failures + 1,
+            checkpoints: completed.count.load(Ordering::Relaxed),
+            restored_from,
+            stopped_with,
+        };
+        match run_attempt(job, opts, failures, restore.as_ref(), store, &completed, live, &dropped)? {
+            AttemptEnd::Done(nodes) => return Ok(summary(nodes, None)),
+            AttemptEnd::Stopped(nodes, sp) => return Ok(summary(nodes, Some(sp))),
             AttemptEnd::Failed(cause) => {
+                if user_cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
+                    return Err(RunError::Cancelled { job: g.name.clone() });
+                }
                 failures += 1;
+                if let Some(e) = &opts.endpoint {
+                    e.status.lock().unwrap().state = JobState::Restarting { cause: cause.to_string() };
+                }
                 let Some(delay) = g.restart.delay(failures) else {
                     return Err(RunError::Failed { job: g.name.clone(), attempts: failures, cause });
                 };
-                restore = match &store {
+                restore = match store {
                     Some(s) => s.latest(warn).or(restore),
                     None => None,
                 };
@@ -171,6 +333,7 @@ pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_attempt(
     job: &BoundJob,
     opts: &RunOptions,
@@ -178,6 +341,8 @@ fn run_attempt(
     restore: Option<&LoadedCheckpoint>,
     store: Option<&CheckpointStore>,
     completed: &Arc<Completed>,
+    live: &Live,
+    dropped: &BTreeMap<usize, Vec<String>>,
 ) -> Result<AttemptEnd, RunError> {
     let g = &job.graph;
     let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
@@ -186,10 +351,17 @@ fn run_attempt(
 
     // What each subtask restores.
     let plan = match restore {
-        Some(c) => Some(
-            recovery::plan(c, g, opts.allow_non_restored_state)
-                .map_err(|e| setup(format!("cannot restore {}: {e}", c.path.display())))?,
-        ),
+        Some(c) => Some({
+            let components = live.lock().unwrap().clone();
+            let redistribution = |node: usize, state: &str| {
+                components
+                    .get(&node)
+                    .and_then(|(f, _)| f.info().states.iter().find(|s| s.name == state).map(|s| s.redistribution))
+                    .unwrap_or(Redistribution::None)
+            };
+            recovery::plan(c, g, &redistribution, dropped, opts.allow_non_restored_state)
+                .map_err(|e| setup(format!("cannot restore {}: {e}", c.path.display())))?
+        }),
         None => None,
     };
     let restored_state = |node: usize, subtask: u32| plan.as_ref().and_then(|p| p[node][subtask as usize].clone());
@@ -266,10 +438,16 @@ fn run_attempt(
                 NodeKind::Sink(_) => "sink",
             },
             parallelism: n.parallelism,
-            component: job.components.get(&i).map(|c| ComponentEntry {
-                name: c.info().name.clone(),
-                version: c.info().version.clone(),
-                schema_version: c.info().schema_version,
+            component: live.lock().unwrap().get(&i).map(|(f, entry)| {
+                let mut entry = entry.clone();
+                // An upgraded component is stored with this job's checkpoints, so recovery
+                // after a process restart finds it.
+                if !entry.replaces.is_empty()
+                    && let (Some(st), OperatorFactory::Wasm(c), Some(sha)) = (store, f, f.sha256())
+                {
+                    entry.stored = store_component(st.root(), sha, &c.bytes).ok();
+                }
+                entry
             }),
         })
         .collect();
@@ -321,10 +499,12 @@ fn run_attempt(
                         cancel: c,
                         checkpoints: participant,
                         termination: termination.clone(),
+                        suspend_after: None,
+                        suspended: false,
                     })
                 }
                 NodeKind::Operator(op) => {
-                    let component = job.components[&i].clone();
+                    let component = live.lock().unwrap()[&i].0.clone();
                     let info = TaskInfo {
                         job_name: g.name.clone(),
                         operator_uid: n.id.to_string(),
@@ -360,23 +540,28 @@ fn run_attempt(
                             cancel: c,
                             checkpoints: participant,
                             restore,
+                            schema_version: component.info().schema_version,
                             faults,
                             termination,
+                            deferred: Default::default(),
+                            upgrade: None,
                         })
                     }))
                 }
                 NodeKind::Sink(kind) => {
-                    let writer =
-                        match kind {
-                            SinkKind::File { path, format } => {
-                                let st = restored.as_ref().and_then(|st| st.sink.clone());
-                                SinkWriter::File(FileSink::open(path, s, *format, st.as_ref()).map_err(|e| {
+                    let writer = match kind {
+                        SinkKind::File { path, format } => {
+                            let st = restored.as_ref().and_then(|st| st.sink.clone());
+                            let adopted = restored.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
+                            SinkWriter::File(
+                                FileSink::open_adopting(path, s, *format, st.as_ref(), &adopted).map_err(|e| {
                                     setup(format!("sink `{id}`: cannot write to {}: {e}", path.display()))
-                                })?)
-                            }
-                            SinkKind::Stdout { format } => SinkWriter::Stdout(*format),
-                            SinkKind::Blackhole => SinkWriter::Blackhole,
-                        };
+                                })?,
+                            )
+                        }
+                        SinkKind::Stdout { format } => SinkWriter::Stdout(*format),
+                        SinkKind::Blackhole => SinkWriter::Blackhole,
+                    };
                     Task::Sink(SinkTask {
                         id: id.clone(),
                         writer,
@@ -406,6 +591,10 @@ fn run_attempt(
                 tasks: task_templates,
                 first_id: store.max_id() + 1,
                 verbose: opts.progress.is_some(),
+                requests: opts.endpoint.as_ref().map(|e| e.requests.clone()),
+                graph: Arc::new(g.clone()),
+                live: live.clone(),
+                status: opts.endpoint.as_ref().map(|e| e.status.clone()),
             };
             let (st, st2, stop2, done) = (store.clone(), store.clone(), stop.clone(), completed.clone());
             let ev = events_tx.clone();
@@ -426,6 +615,14 @@ fn run_attempt(
     // Run.
     let failures: Arc<Mutex<Vec<TaskFailure>>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
+    let tasks_done = Arc::new(AtomicBool::new(false));
+    let watcher = opts.endpoint.clone().map(|e| {
+        *e.metrics.lock().unwrap() = metrics.clone();
+        let (cancel, stop, tasks_done) = (cancel.clone(), stop.clone(), tasks_done.clone());
+        let serves_requests = store.is_some();
+        let job_name = g.name.clone();
+        std::thread::spawn(move || watch(e, cancel, stop, tasks_done, serves_requests, job_name))
+    });
     let progress = opts.progress.map(|every| {
         let (metrics, done) = (metrics.clone(), done.clone());
         let ids: Vec<NodeId> = g.nodes.iter().map(|n| n.id.clone()).collect();
@@ -462,6 +659,10 @@ fn run_attempt(
     for h in handles {
         let _ = h.join();
     }
+    tasks_done.store(true, Ordering::Relaxed);
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
     stop.store(true, Ordering::Relaxed);
     let coordinator_end = coordinator.map(|c| c.join());
     if let Some(w) = writer {
@@ -476,10 +677,49 @@ fn run_attempt(
         let root = failures.iter().position(|f| !f.is_secondary()).unwrap_or(0);
         return Ok(AttemptEnd::Failed(failures.swap_remove(root)));
     }
-    if let Some(Ok(DriverEnd::Stopped)) = coordinator_end {
-        return Err(setup("the checkpoint coordinator stopped before the job's final checkpoint".into()));
+    match coordinator_end {
+        Some(Ok(DriverEnd::Stopped)) => {
+            Err(setup("the checkpoint coordinator stopped before the job's final checkpoint".into()))
+        }
+        Some(Ok(DriverEnd::StoppedWithSavepoint { info, reply })) => {
+            // Every subtask has exited and the sinks committed the savepoint's output.
+            eprintln!("job `{}` stopped with savepoint {}", g.name, info.path.display());
+            let _ = reply.send(Ok(info.clone()));
+            Ok(AttemptEnd::Stopped(summaries(g, &metrics), info))
+        }
+        _ => Ok(AttemptEnd::Done(summaries(g, &metrics))),
     }
-    Ok(AttemptEnd::Done(summaries(g, &metrics)))
+}
+
+/// Per attempt: turns a user's cancel into the attempt's cancel, and answers requests that
+/// need checkpointing when the job has none.
+fn watch(
+    e: Endpoint,
+    cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    tasks_done: Arc<AtomicBool>,
+    serves_requests: bool,
+    job: String,
+) {
+    while !tasks_done.load(Ordering::Relaxed) {
+        if e.cancel.load(Ordering::Relaxed) {
+            cancel.store(true, Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
+        }
+        if !serves_requests {
+            while let Ok(r) = e.requests.try_recv() {
+                let why = format!(
+                    "job `{job}` has no [checkpoint] section; savepoints and live upgrades are checkpoint barriers, \
+                     so add [checkpoint] dir (and interval_ms) to the job file"
+                );
+                match r {
+                    Request::Savepoint { reply, .. } => drop(reply.send(Err(why))),
+                    Request::Upgrade { reply, .. } => drop(reply.send(Err(why))),
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) -> Vec<NodeSummary> {

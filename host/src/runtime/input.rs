@@ -115,7 +115,12 @@ impl Inputs {
         let i = readable[op.index()];
         match op.recv(&self.channels[i].rx) {
             Ok(m) => Received::Message(i, m),
-            Err(_) => Received::Disconnected,
+            // An upstream that exits on `Stop` (stop with savepoint) disconnects before this
+            // subtask may have read its own `Complete`/`Stop`: those come first.
+            Err(_) => match control.map(|c| c.recv_timeout(Duration::from_millis(200))) {
+                Some(Ok(c)) => Received::Control(c),
+                _ => Received::Disconnected,
+            },
         }
     }
 

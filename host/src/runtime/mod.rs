@@ -3,6 +3,7 @@
 pub mod error;
 pub mod executor;
 pub mod faults;
+pub mod handle;
 pub mod input;
 pub mod message;
 pub mod metrics;
@@ -13,3 +14,4 @@ pub mod sink;
 pub mod source;
 pub mod task;
 pub mod termination;
+pub mod upgrade;

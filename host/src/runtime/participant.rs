@@ -101,8 +101,11 @@ impl Participant {
                     self.completed += 1;
                     on_complete(c)?;
                 }
-                Ok(Control::Abort(_)) => {}
-                Ok(Control::Shutdown) => return Ok(()),
+                Ok(Control::Shutdown) | Ok(Control::Stop) => return Ok(()),
+                Ok(Control::Abort(_))
+                | Ok(Control::SuspendAfter(_))
+                | Ok(Control::PrepareUpgrade { .. })
+                | Ok(Control::UpgradeDecision { .. }) => {}
                 Err(RecvTimeoutError::Timeout) => {
                     if cancel.load(Ordering::Relaxed) {
                         return Err(TaskFailure::Cancelled { task: id.clone() });

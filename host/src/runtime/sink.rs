@@ -113,7 +113,13 @@ impl SinkTask {
                             align_started = None;
                         }
                     }
-                    Control::Shutdown => {}
+                    // Stop with savepoint: the savepoint's output is committed (its
+                    // `Complete` came first); anything after its barrier stays uncommitted.
+                    Control::Stop => return Ok(()),
+                    Control::Shutdown
+                    | Control::SuspendAfter(_)
+                    | Control::PrepareUpgrade { .. }
+                    | Control::UpgradeDecision { .. } => {}
                 },
                 Received::Message(_, Message::Data(batch)) => {
                     self.metrics.add_in(batch.len() as u64);

@@ -72,6 +72,16 @@ pub struct SourceTask {
     pub checkpoints: Option<Participant>,
     /// Records-in-flight accounting (jobs with loops only).
     pub termination: Option<Arc<LoopTermination>>,
+    /// Stop emitting after the barrier of this savepoint.
+    pub suspend_after: Option<crate::ids::CheckpointId>,
+    /// Suspended after a stop-with-savepoint barrier.
+    pub suspended: bool,
+}
+
+/// Whether the source goes on.
+enum Flow {
+    Go,
+    Stop,
 }
 
 /// Generator sources emit a watermark every this many batches.
@@ -86,22 +96,61 @@ impl SourceTask {
         SubtaskState { source: Some(self.reader.position()), ..Default::default() }
     }
 
-    /// Answers pending coordinator messages: a trigger records the position and injects the
-    /// barrier.
-    fn poll_control(&mut self) -> Result<(), TaskFailure> {
+    /// Handles one coordinator message: a trigger records the position and injects the
+    /// barrier (and suspends the source after a stop-with-savepoint barrier).
+    fn on_control(&mut self, c: Control) -> Result<Flow, TaskFailure> {
+        let Some(p) = self.checkpoints.as_mut() else { return Ok(Flow::Go) };
+        match c {
+            Control::Trigger(id) => {
+                let state = self.state();
+                self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
+                self.output.flush().map_err(|_| self.disconnected())?;
+                if let Some(p) = self.checkpoints.as_mut() {
+                    p.submit(id, state, Timing::default());
+                }
+                if self.suspend_after == Some(id) {
+                    self.suspended = true;
+                }
+            }
+            Control::Complete(_) => p.completed += 1,
+            Control::SuspendAfter(id) => self.suspend_after = Some(id),
+            Control::Abort(id) => {
+                if self.suspend_after == Some(id) {
+                    // The stop's savepoint failed: the job goes on.
+                    self.suspend_after = None;
+                    self.suspended = false;
+                }
+            }
+            Control::Stop => return Ok(Flow::Stop),
+            Control::Shutdown | Control::PrepareUpgrade { .. } | Control::UpgradeDecision { .. } => {}
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Answers pending coordinator messages; while suspended (stop with savepoint), waits
+    /// for the stop or for the savepoint's abort.
+    fn poll_control(&mut self) -> Result<Flow, TaskFailure> {
         loop {
-            let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
-            let Ok(c) = p.control.try_recv() else { return Ok(()) };
-            match c {
-                Control::Trigger(id) => {
-                    let state = self.state();
-                    self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
-                    if let Some(p) = self.checkpoints.as_mut() {
-                        p.submit(id, state, Timing::default());
+            let Some(p) = self.checkpoints.as_mut() else { return Ok(Flow::Go) };
+            let c = if self.suspended {
+                match p.control.recv_timeout(std::time::Duration::from_millis(50)) {
+                    Ok(c) => c,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        if self.cancel.load(Ordering::Relaxed) {
+                            return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                        }
+                        continue;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
                     }
                 }
-                Control::Complete(_) => p.completed += 1,
-                Control::Abort(_) | Control::Shutdown => {}
+            } else {
+                let Ok(c) = p.control.try_recv() else { return Ok(Flow::Go) };
+                c
+            };
+            if let Flow::Stop = self.on_control(c)? {
+                return Ok(Flow::Stop);
             }
         }
     }
@@ -114,7 +163,9 @@ impl SourceTask {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskFailure::Cancelled { task: self.id.clone() });
             }
-            self.poll_control()?;
+            if let Flow::Stop = self.poll_control()? {
+                return Ok(());
+            }
             let n = match &mut self.reader {
                 SourceReader::Generator(g) => g
                     .emit(self.batch_size, &mut self.output)
@@ -130,8 +181,9 @@ impl SourceTask {
             if let Some(t) = &self.termination {
                 t.account(self.output.take_copies(), 0);
             }
+            let Some(n) = n else { break };
             if n == 0 {
-                break;
+                continue;
             }
             self.metrics.add_out(n as u64);
             batches += 1;
@@ -142,7 +194,9 @@ impl SourceTask {
                 self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
             }
         }
-        self.poll_control()?;
+        if let Flow::Stop = self.poll_control()? {
+            return Ok(());
+        }
         self.output.broadcast(|| Message::EndOfStream).map_err(|_| self.disconnected())?;
         if let Some(t) = &self.termination {
             t.source_finished();

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
-use crate::checkpoint::control::{Control, Timing};
+use crate::checkpoint::control::{Control, Event, Timing};
 use crate::checkpoint::snapshot::LoggedBatch;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
 use crate::graph::logical::Side;
 use crate::ids::{CheckpointId, TaskId};
-use crate::operator::OperatorLogic;
+use crate::operator::{OperatorFactory, OperatorLogic};
 use crate::record::{Batch, NO_KEY_GROUP};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::faults::{FaultKind, FaultPlan};
@@ -29,6 +29,7 @@ use crate::runtime::output::{Disconnected, Output};
 use crate::runtime::participant::{self, Participant};
 use crate::runtime::termination::LoopTermination;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
+use crate::sandbox::host::HostState;
 use crate::sandbox::instance::GuestError;
 
 /// State to restore before the first record.
@@ -67,10 +68,17 @@ pub struct OperatorTask {
     pub checkpoints: Option<Participant>,
     /// State to restore.
     pub restore: Option<Restore>,
+    /// Schema of the state the running instance holds (for a live upgrade's restore).
+    pub schema_version: u32,
     /// Failure injection (tests).
     pub faults: Option<Faults>,
     /// Records-in-flight accounting (jobs with loops only).
     pub termination: Option<Arc<LoopTermination>>,
+    /// Control messages read early (while looking for an upgrade at a barrier), handled
+    /// before anything else.
+    pub deferred: std::collections::VecDeque<Control>,
+    /// A live upgrade armed for the barrier of this checkpoint.
+    pub upgrade: Option<(CheckpointId, OperatorFactory)>,
 }
 
 /// A loop head's checkpoint in progress: the state copied at alignment and the back-edge
@@ -118,6 +126,35 @@ pub fn capture(instance: &mut dyn OperatorLogic, snap: OperatorSnapshot) -> Subt
         groups.entry(kg).or_insert_with(|| empty(kg)).processing_timers = t;
     }
     SubtaskState { keyed: groups.into_values().collect(), operator_state: snap.operator_state, ..Default::default() }
+}
+
+/// Restores `state` (written by schema `schema_version`) into `instance`: the guest's state,
+/// then the host's timers.
+pub fn put_state(
+    instance: &mut dyn OperatorLogic,
+    schema_version: u32,
+    state: &SubtaskState,
+) -> Result<(), GuestError> {
+    let snap = OperatorSnapshot {
+        keyed: state
+            .keyed
+            .iter()
+            .filter(|k| !k.data.is_empty())
+            .map(|k| KeyGroupState { key_group: k.key_group, data: k.data.clone() })
+            .collect(),
+        operator_state: state.operator_state.clone(),
+    };
+    instance.restore(schema_version, &snap)?;
+    let host = instance.host();
+    for k in &state.keyed {
+        for (t, key) in &k.event_timers {
+            host.event_timers.register(*t, k.key_group, key);
+        }
+        for (t, key) in &k.processing_timers {
+            host.processing_timers.register(*t, k.key_group, key);
+        }
+    }
+    Ok(())
 }
 
 impl OperatorTask {
@@ -185,26 +222,7 @@ impl OperatorTask {
 
     fn restore_state(&mut self) -> Result<(), TaskFailure> {
         let Some(r) = self.restore.take() else { return Ok(()) };
-        let snap = OperatorSnapshot {
-            keyed: r
-                .state
-                .keyed
-                .iter()
-                .filter(|k| !k.data.is_empty())
-                .map(|k| KeyGroupState { key_group: k.key_group, data: k.data.clone() })
-                .collect(),
-            operator_state: r.state.operator_state,
-        };
-        self.instance.restore(r.schema_version, &snap).map_err(|e| self.guest(e))?;
-        let host = self.instance.host();
-        for k in &r.state.keyed {
-            for (t, key) in &k.event_timers {
-                host.event_timers.register(*t, k.key_group, key);
-            }
-            for (t, key) in &k.processing_timers {
-                host.processing_timers.register(*t, k.key_group, key);
-            }
-        }
+        put_state(self.instance.as_mut(), r.schema_version, &r.state).map_err(|e| self.guest(e))?;
         // A loop head re-processes the records that were in transit on its back-edges.
         for lb in &r.state.backedge_log {
             let batch = Batch::from_validated(lb.bytes.clone(), lb.records);
@@ -222,17 +240,104 @@ impl OperatorTask {
     }
 
     /// An aligned barrier: forward it, capture the state (synchronous part), hand it to the
-    /// writer (asynchronous part).
+    /// writer (asynchronous part). If a live upgrade is armed for this barrier, the state is
+    /// also restored into the new component, which replaces the running instance only if
+    /// every subtask of the operator succeeded.
     fn checkpoint(&mut self, id: CheckpointId, align_started: Option<Instant>) -> Result<(), TaskFailure> {
         let align_ms = align_started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         self.output.broadcast(|| Message::Barrier(id)).map_err(|d| self.disconnected(d))?;
         let t0 = Instant::now();
         let state = self.snapshot_state(id)?;
         let sync_ms = t0.elapsed().as_secs_f64() * 1e3;
-        if let Some(p) = self.checkpoints.as_mut() {
-            p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
+        // The upgrade's control message may still be queued behind data: look for it.
+        self.read_control_ahead();
+        let upgrade = self.upgrade.take_if(|(u, _)| *u == id).map(|(_, f)| f);
+        let Some(factory) = upgrade else {
+            if let Some(p) = self.checkpoints.as_mut() {
+                p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
+            }
+            return self.fault_at_barrier(id);
+        };
+        let prepared = self.prepare_upgrade(&factory, &state);
+        let result = prepared.as_ref().map(|_| ()).map_err(|e| e.clone());
+        let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
+        let _ = p.events.send(Event::UpgradePrepared { task: p.task, id, result });
+        p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
+        let commit = self.await_decision(id)?;
+        let committed = match (commit, prepared) {
+            (true, Ok(new)) => {
+                self.instance = new;
+                self.schema_version = factory.info().schema_version;
+                true
+            }
+            _ => false,
+        };
+        let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if let Some(p) = self.checkpoints.as_ref() {
+            let _ = p.events.send(Event::UpgradeResumed { task: p.task, id, committed, pause_ms });
         }
+        self.route_emitted()?;
         self.fault_at_barrier(id)
+    }
+
+    /// Moves every control message already queued into `deferred`, arming an upgrade if one
+    /// is among them.
+    fn read_control_ahead(&mut self) {
+        let Some(p) = self.checkpoints.as_ref() else { return };
+        while let Ok(c) = p.control.try_recv() {
+            match c {
+                Control::PrepareUpgrade { id, factory } => self.upgrade = Some((id, factory)),
+                other => self.deferred.push_back(other),
+            }
+        }
+    }
+
+    /// A new instance of `factory` for this subtask, opened, with `state` restored (and
+    /// migrated) into it. The running instance is not touched.
+    fn prepare_upgrade(
+        &mut self,
+        factory: &OperatorFactory,
+        state: &SubtaskState,
+    ) -> Result<Box<dyn OperatorLogic>, String> {
+        let old = self.instance.host();
+        let mut host = HostState::new(old.task.clone(), factory.info().side_outputs.len() as u32);
+        host.echo_logs = old.echo_logs;
+        host.watermark = old.watermark;
+        let schema = self.schema_version;
+        let mut new = factory.instantiate(host).map_err(|e| e.to_string())?;
+        new.open(&self.config).map_err(|e| e.to_string())?;
+        put_state(new.as_mut(), schema, state).map_err(|e| e.to_string())?;
+        // Records a guest emits while restoring are not part of the stream.
+        let _ = new.take_emitted();
+        Ok(new)
+    }
+
+    /// Waits for the coordinator's decision on the upgrade at `id` (the operator's inputs
+    /// stay unread meanwhile); an abort of `id` is a rollback.
+    fn await_decision(&mut self, id: CheckpointId) -> Result<bool, TaskFailure> {
+        let Some(control) = self.checkpoints.as_ref().map(|p| p.control.clone()) else { return Ok(false) };
+        loop {
+            match control.recv_timeout(Duration::from_millis(50)) {
+                Ok(Control::UpgradeDecision { id: d, commit }) if d == id => return Ok(commit),
+                Ok(Control::Abort(a)) if a == id => {
+                    self.deferred.push_back(Control::Abort(a));
+                    return Ok(false);
+                }
+                Ok(Control::Stop) => {
+                    self.deferred.push_back(Control::Stop);
+                    return Ok(false);
+                }
+                Ok(other) => self.deferred.push_back(other),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if self.cancel.load(Ordering::Relaxed) {
+                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                }
+            }
+        }
     }
 
     /// Failure injection: fail here, while a loop head's back-edge log for `id` is open.
@@ -337,7 +442,10 @@ impl OperatorTask {
                 Some(h) => h.lh.is_parked(i),
                 None => aligner.is_parked(i),
             };
-            let mut received = self.inputs.recv(None, &|i| is_parked(&head, &aligner, i), control.as_ref());
+            let mut received = match self.deferred.pop_front() {
+                Some(c) => Received::Control(c),
+                None => self.inputs.recv(None, &|i| is_parked(&head, &aligner, i), control.as_ref()),
+            };
             if matches!(received, Received::Idle) {
                 // No data ready: flush, fire processing timers, check cancellation and loop
                 // termination, then wait. (Control messages may keep arriving, so these
@@ -388,6 +496,7 @@ impl OperatorTask {
                         }
                     }
                     Control::Abort(id) => {
+                        self.upgrade.take_if(|(u, _)| *u == id);
                         if aligner.on_cancel(id) {
                             align_started = None;
                         }
@@ -398,7 +507,11 @@ impl OperatorTask {
                             }
                         }
                     }
-                    Control::Shutdown => {}
+                    Control::PrepareUpgrade { id, factory } => self.upgrade = Some((id, factory)),
+                    // Stop with savepoint: exit without `close` or end of stream, so the
+                    // savepoint is exactly where the job resumes.
+                    Control::Stop => return Ok(()),
+                    Control::Shutdown | Control::SuspendAfter(_) | Control::UpgradeDecision { .. } => {}
                 },
                 Received::Message(i, Message::Data(batch)) => {
                     let n = batch.len() as u64;

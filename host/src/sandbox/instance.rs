@@ -116,18 +116,51 @@ pub struct OperatorInfo {
     pub schema_version: u32,
     /// Migratable older schema versions.
     pub migrates_from: Vec<u32>,
-    /// Declared state: (name, kind, keyed).
-    pub states: Vec<(String, types::StateKind, bool)>,
+    /// Declared state.
+    pub states: Vec<DeclaredState>,
     /// Side output names.
     pub side_outputs: Vec<String>,
     /// Implements `co-operator`.
     pub two_input: bool,
 }
 
+/// One piece of state an operator declares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredState {
+    /// Name.
+    pub name: String,
+    /// Shape.
+    pub kind: types::StateKind,
+    /// Partitioned by key group.
+    pub keyed: bool,
+    /// Non-keyed state: how it moves on rescale.
+    pub redistribution: types::Redistribution,
+}
+
+impl DeclaredState {
+    /// `value`, `list`, `map`.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            types::StateKind::Value => "value",
+            types::StateKind::List => "list",
+            types::StateKind::Map => "map",
+        }
+    }
+
+    /// `none`, `split`, `union`.
+    pub fn redistribution_name(&self) -> &'static str {
+        match self.redistribution {
+            types::Redistribution::None => "none",
+            types::Redistribution::Split => "split",
+            types::Redistribution::Union => "union",
+        }
+    }
+}
+
 impl OperatorInfo {
     /// Declares any keyed state.
     pub fn has_keyed_state(&self) -> bool {
-        self.states.iter().any(|s| s.2)
+        self.states.iter().any(|s| s.keyed)
     }
 }
 
@@ -144,6 +177,16 @@ pub struct LoadedComponent {
     pub info: OperatorInfo,
     /// Where it came from.
     pub path: PathBuf,
+    /// Its bytes (kept so a live upgrade can store them with the checkpoints).
+    pub bytes: std::sync::Arc<Vec<u8>>,
+    /// SHA-256 of its bytes, hex.
+    pub sha256: String,
+}
+
+/// SHA-256 of `bytes`, lower-case hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn classify(bytes: &[u8]) -> Result<(), String> {
@@ -234,6 +277,8 @@ impl LoadedComponent {
                 two_input: false,
             },
             path: path.into(),
+            bytes: std::sync::Arc::new(bytes.to_vec()),
+            sha256: sha256_hex(bytes),
         };
         let task = types::TaskInfo {
             job_name: String::new(),
@@ -252,11 +297,20 @@ impl LoadedComponent {
             version: d.version,
             schema_version: d.state_schema_version,
             migrates_from: d.migrates_from,
-            states: d.states.into_iter().map(|s| (s.name, s.kind, s.keyed)).collect(),
+            states: d
+                .states
+                .into_iter()
+                .map(|s| DeclaredState { name: s.name, kind: s.kind, keyed: s.keyed, redistribution: s.redistribution })
+                .collect(),
             side_outputs: d.side_outputs,
             two_input: matches!(lc.pre, Pre::Two(_)),
         };
         Ok(lc)
+    }
+
+    /// The engine it was compiled with (to compile its successors with).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// A fresh instance with `host` as its store data.

@@ -1,0 +1,232 @@
+//! A handle on a running job: what the control API (and tests) use to take savepoints, stop
+//! with a savepoint, upgrade an operator's component live, cancel, and read the status.
+//!
+//! Requests go to the job's checkpoint coordinator (savepoints and upgrades are barriers like
+//! any checkpoint); replies come back on a one-shot channel. Invariant: every request gets
+//! exactly one reply — an error if the job ends first — so a caller never hangs.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use serde::{Deserialize, Serialize};
+
+use crate::operator::OperatorFactory;
+use crate::runtime::metrics::NodeMetrics;
+
+/// A completed savepoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavepointInfo {
+    /// Its directory.
+    pub path: PathBuf,
+    /// The checkpoint id it was taken as.
+    pub checkpoint_id: u64,
+    /// Bytes of state and manifest.
+    pub bytes: u64,
+    /// Trigger to savepoint written.
+    pub duration_ms: f64,
+}
+
+/// A completed live upgrade.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpgradeInfo {
+    /// Operator uid.
+    pub operator: String,
+    /// Old component `name version (schema n)`.
+    pub from: String,
+    /// New component.
+    pub to: String,
+    /// The checkpoint at whose barrier the version switched.
+    pub checkpoint_id: u64,
+    /// State migrated from this older schema.
+    pub migrated_from: Option<u32>,
+    /// Longest time a subtask of the operator did not process records.
+    pub pause_ms_max: f64,
+    /// Bytes of the operator's state moved into the new instances.
+    pub state_bytes: u64,
+}
+
+/// A request to the running job.
+pub enum Request {
+    /// Take a savepoint into `dir` (and stop the job after it if `stop`).
+    Savepoint {
+        /// Target directory (`None`: the job's default savepoint directory).
+        dir: Option<PathBuf>,
+        /// Stop the job once the savepoint is complete and its output committed.
+        stop: bool,
+        /// The reply.
+        reply: Sender<Result<SavepointInfo, String>>,
+    },
+    /// Replace operator `uid`'s component at the next barrier.
+    Upgrade {
+        /// Operator uid.
+        uid: String,
+        /// The new component, compiled and checked.
+        factory: OperatorFactory,
+        /// The reply.
+        reply: Sender<Result<UpgradeInfo, String>>,
+    },
+}
+
+/// Lifecycle of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobState {
+    /// Starting.
+    Created,
+    /// Running.
+    Running,
+    /// Restarting after a failure.
+    Restarting {
+        /// The failure.
+        cause: String,
+    },
+    /// Sources exhausted, output committed.
+    Finished,
+    /// Stopped with a savepoint.
+    Stopped {
+        /// The savepoint.
+        savepoint: PathBuf,
+    },
+    /// Cancelled by a user.
+    Cancelled,
+    /// Failed for good.
+    Failed {
+        /// Why.
+        cause: String,
+    },
+}
+
+impl JobState {
+    /// Finished, stopped, cancelled or failed.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, JobState::Finished | JobState::Stopped { .. } | JobState::Cancelled | JobState::Failed { .. })
+    }
+}
+
+/// One operator as the status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// Uid.
+    pub uid: String,
+    /// Parallelism.
+    pub parallelism: u32,
+    /// Running component `name version (schema n)`, for WASM operators.
+    pub component: Option<String>,
+    /// Records received.
+    pub records_in: u64,
+    /// Records emitted.
+    pub records_out: u64,
+}
+
+/// What `status` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// Job name.
+    pub name: String,
+    /// Lifecycle.
+    #[serde(flatten)]
+    pub state: JobState,
+    /// Attempts so far (1 + restarts).
+    pub attempts: u32,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// Newest completed checkpoint id.
+    pub last_checkpoint: Option<u64>,
+    /// Per node.
+    pub nodes: Vec<NodeStatus>,
+    /// Live upgrades done.
+    pub upgrades: Vec<UpgradeInfo>,
+}
+
+/// The job's side of the handle.
+#[derive(Clone)]
+pub struct Endpoint {
+    /// Requests to the coordinator.
+    pub requests: Receiver<Request>,
+    /// The status, updated by the executor.
+    pub status: Arc<Mutex<JobStatus>>,
+    /// Set by `cancel`.
+    pub cancel: Arc<AtomicBool>,
+    /// Counters of the current attempt, per node.
+    pub metrics: Arc<Mutex<Vec<Arc<NodeMetrics>>>>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").finish_non_exhaustive()
+    }
+}
+
+/// A cloneable handle on one running job.
+#[derive(Clone)]
+pub struct JobHandle {
+    requests: Sender<Request>,
+    status: Arc<Mutex<JobStatus>>,
+    cancel: Arc<AtomicBool>,
+    metrics: Arc<Mutex<Vec<Arc<NodeMetrics>>>>,
+}
+
+impl JobHandle {
+    /// A handle and the endpoint to give the executor (`RunOptions::endpoint`).
+    pub fn new(name: &str) -> (JobHandle, Endpoint) {
+        let (tx, rx) = unbounded();
+        let status = Arc::new(Mutex::new(JobStatus {
+            name: name.to_string(),
+            state: JobState::Created,
+            attempts: 0,
+            checkpoints: 0,
+            last_checkpoint: None,
+            nodes: Vec::new(),
+            upgrades: Vec::new(),
+        }));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let metrics: Arc<Mutex<Vec<Arc<NodeMetrics>>>> = Arc::default();
+        (
+            JobHandle { requests: tx, status: status.clone(), cancel: cancel.clone(), metrics: metrics.clone() },
+            Endpoint { requests: rx, status, cancel, metrics },
+        )
+    }
+
+    /// The current status.
+    pub fn status(&self) -> JobStatus {
+        let mut st = self.status.lock().unwrap().clone();
+        for (n, m) in st.nodes.iter_mut().zip(self.metrics.lock().unwrap().iter()) {
+            (n.records_in, n.records_out) = m.read();
+        }
+        st
+    }
+
+    fn ask<T>(&self, make: impl FnOnce(Sender<Result<T, String>>) -> Request, timeout: Duration) -> Result<T, String> {
+        if self.status().state.is_terminal() {
+            return Err(format!("job `{}` is not running ({:?})", self.status().name, self.status().state));
+        }
+        let (tx, rx) = bounded(1);
+        self.requests.send(make(tx)).map_err(|_| "the job is not running".to_string())?;
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                Err(format!("no answer within {} s; the request may still complete", timeout.as_secs()))
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err("the job ended before answering".to_string()),
+        }
+    }
+
+    /// Takes a savepoint (into `dir`, or the job's default savepoint directory); with `stop`,
+    /// stops the job after it, its output committed.
+    pub fn savepoint(&self, dir: Option<PathBuf>, stop: bool, timeout: Duration) -> Result<SavepointInfo, String> {
+        self.ask(|reply| Request::Savepoint { dir, stop, reply }, timeout)
+    }
+
+    /// Replaces operator `uid`'s component at the next barrier.
+    pub fn upgrade(&self, uid: &str, factory: OperatorFactory, timeout: Duration) -> Result<UpgradeInfo, String> {
+        self.ask(|reply| Request::Upgrade { uid: uid.to_string(), factory, reply }, timeout)
+    }
+
+    /// Cancels the job: every subtask stops, nothing more is committed.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
