@@ -88,7 +88,7 @@ fn main() {
     let sizes: Vec<u64> = std::env::var("WEIR_UPGRADE_KEYS")
         .ok()
         .map(|s| s.split(',').filter_map(|k| k.parse().ok()).collect())
-        .unwrap_or_else(|| vec![10_000, 100_000, 500_000]);
+        .unwrap_or_else(|| vec![10_000, 100_000, 500_000, 1_000_000]);
     for keys in sizes {
         for (to, label) in
             [("test_oracle_v2.wasm", "v1 -> v2 (migrate 1 -> 2)"), ("test_oracle.wasm", "v1 -> v1 (same schema)")]

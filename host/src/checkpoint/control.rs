@@ -121,6 +121,8 @@ pub enum Event {
         id: CheckpointId,
         /// Outcome.
         result: Result<(), String>,
+        /// Bytes of state moved into the new instance.
+        state_bytes: u64,
     },
     /// A subtask of an upgraded operator resumed processing (on the new instance if
     /// `committed`) after pausing `pause_ms` at the barrier.

@@ -267,7 +267,10 @@ pub fn run(
         match event {
             None => {}
             Some(Event::Finished { task }) => finished[task] = true,
-            Some(Event::UpgradePrepared { task, id, result }) => {
+            Some(Event::UpgradePrepared { task, id, result, state_bytes }) => {
+                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id)) {
+                    u.state_bytes += state_bytes;
+                }
                 if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id))
                     && let Some(d) = u.round.on_prepared(task, result)
                 {
@@ -300,9 +303,6 @@ pub fn run(
                 }
             }
             Some(Event::Ack { task, id, ack }) => {
-                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id) && u.tasks.contains(&task)) {
-                    u.state_bytes += ack.bytes;
-                }
                 if let AckOutcome::Complete { id, triggered_at, acks, subsumed } = coord.on_ack(task, id, ack, now()) {
                     for s in subsumed {
                         broadcast(Control::Abort(s));

@@ -261,7 +261,9 @@ impl OperatorTask {
         let prepared = self.prepare_upgrade(&factory, &state);
         let result = prepared.as_ref().map(|_| ()).map_err(|e| e.clone());
         let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
-        let _ = p.events.send(Event::UpgradePrepared { task: p.task, id, result });
+        let state_bytes =
+            state.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + state.operator_state.len() as u64;
+        let _ = p.events.send(Event::UpgradePrepared { task: p.task, id, result, state_bytes });
         p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
         let commit = self.await_decision(id)?;
         let committed = match (commit, prepared) {
