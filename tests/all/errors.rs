@@ -290,3 +290,31 @@ fn a_non_replayable_source_runs_at_least_once_with_a_warning_when_asked() {
         vec!["be 1", "be 2", "not 1", "or 1", "to 1", "to 2"]
     );
 }
+
+#[test]
+fn a_component_built_against_another_contract_version_is_refused_naming_it() {
+    // The probe component with its import names rewritten to an older contract version.
+    let bytes = std::fs::read(crate::support::component("test_probe")).unwrap();
+    let mut old = bytes.clone();
+    let mut renamed = 0;
+    for iface in ["types", "context", "collector", "timers", "logging"] {
+        let needle = format!("weir:operator/{iface}@0.2.0").into_bytes();
+        let mut i = 0;
+        while let Some(p) = old[i..].windows(needle.len()).position(|w| w == needle) {
+            let at = i + p + needle.len() - 5;
+            old[at..at + 5].copy_from_slice(b"0.1.0");
+            i = at + 5;
+            renamed += 1;
+        }
+    }
+    assert!(renamed > 0, "the probe imports Weir's interfaces");
+    let engine = weir::sandbox::engine::new_engine().unwrap();
+    let e = weir::sandbox::instance::LoadedComponent::from_bytes(&engine, "p", std::path::Path::new("old.wasm"), &old)
+        .err()
+        .expect("an older contract is refused");
+    assert_eq!(
+        e.to_string(),
+        "operator `p`: component old.wasm was built against weir:operator@0.1.0, but this Weir speaks \
+         weir:operator@0.2.0; rebuild it with the current SDK (Rust: weir-guest) or against wit/operator.wit"
+    );
+}

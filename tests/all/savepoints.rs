@@ -204,6 +204,11 @@ fn upgrade_live_under_load_keeps_exactly_once_and_survives_a_process_restart() {
     let c = latest.manifest.operator("oracle").unwrap().component.clone().unwrap();
     assert_eq!((c.version.as_str(), c.schema_version), ("2.0.0", 2), "the upgrade is in the checkpoint history");
     assert!(c.stored.is_some() && c.replaces.len() == 1, "{c:?}");
+    let history = std::fs::read_to_string(d.path().join("chk/sp/history.json")).unwrap();
+    assert!(
+        history.contains("\"upgrade\": \"oracle: test-oracle 1.0.0 (schema 1) -> test-oracle 2.0.0 (schema 2)\""),
+        "the upgrade is recorded in history.json: {history}"
+    );
     // Recovery from the latest checkpoint runs v2 (v1 could not even read schema 2).
     let path = d.path().join("job.toml");
     std::fs::write(&path, oracle_job("test_oracle", 2, 0, "")).unwrap();
@@ -354,6 +359,7 @@ fn upgrade_example_script_runs_the_whole_story() {
     crate::support::guests();
     let out = std::process::Command::new("bash")
         .arg(crate::support::root().join("examples/upgrade/run.sh"))
+        .env("WEIR_BIN", env!("CARGO_BIN_EXE_weir"))
         .output()
         .unwrap();
     assert!(
@@ -431,4 +437,21 @@ fn savepoint_and_upgrade_over_the_http_api_need_the_token() {
     assert_eq!(status, 200, "{body}");
     let s = r.thread.join().unwrap().unwrap();
     assert!(s.stopped_with.unwrap().path.starts_with(d.path().join("chk/sp/savepoints")));
+}
+
+#[test]
+fn rescale_down_then_up_keeps_the_output_of_retired_sink_subtasks() {
+    // 3 -> 2 retires sink subtask 2 (its output stays committed); 2 -> 3 revives index 2,
+    // which must keep that output and continue after it.
+    let d = scratch();
+    let (sp1, sp2) = (d.path().join("sp1"), d.path().join("sp2"));
+    let r = start(d.path(), &oracle_job("test_oracle", 3, 20_000, ""), None, false);
+    stop_with_savepoint(r, COUNT / 3, &sp1);
+    let r = start(d.path(), &oracle_job("test_oracle", 2, 20_000, ""), Some(sp1), false);
+    stop_with_savepoint(r, COUNT / 4, &sp2);
+    let m = storage::load(&sp2).unwrap().manifest;
+    assert_eq!(m.operator("out").unwrap().retired.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2]);
+    let r = start(d.path(), &oracle_job("test_oracle", 3, 0, ""), Some(sp2), false);
+    r.thread.join().unwrap().unwrap();
+    assert_golden(d.path());
 }

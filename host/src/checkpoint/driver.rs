@@ -28,7 +28,7 @@ use crate::checkpoint::metadata::{
     CheckpointMetrics, ComponentEntry, FORMAT_VERSION, Manifest, OperatorEntry, SubtaskEntry,
 };
 use crate::checkpoint::storage::{CheckpointStore, export_savepoint, store_component};
-use crate::checkpoint::upgrade::UpgradeRound;
+use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
 use crate::graph::logical::JobGraph;
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
@@ -46,6 +46,8 @@ pub struct NodeTemplate {
     pub parallelism: u32,
     /// Component (operators).
     pub component: Option<ComponentEntry>,
+    /// File sinks: subtask indices retired by a rescale, with their next part.
+    pub retired: Vec<(u32, u64)>,
 }
 
 /// A subtask as the coordinator knows it.
@@ -159,13 +161,18 @@ pub fn run(
     };
     let mut savepoint: Option<PendingSavepoint> = None;
     let mut upgrade: Option<PendingUpgrade> = None;
-    // The checkpoint at which an upgrade committed: its state is still in the old schema.
-    let mut schema_at: Option<(CheckpointId, usize, u32)> = None;
+    // The last committed upgrade: manifests of its checkpoint record the old schema (the old
+    // instance wrote the state), manifests of older checkpoints the old component.
+    let mut committed: Option<CommittedUpgrade> = None;
     let mut next_poll = 0u64;
     loop {
         if stop.load(Ordering::Relaxed) {
             coord.abort_all();
             return DriverEnd::Stopped;
+        }
+        if let Some(outcome) = upgrade.as_ref().and_then(|u| u.round.outcome()) {
+            let u = upgrade.take().unwrap();
+            finish_upgrade(&cfg, u, outcome);
         }
         let all_finished = finished.iter().all(|f| *f);
         // Requests from the job's handle.
@@ -258,6 +265,9 @@ pub fn run(
             broadcast(Control::Abort(id));
             aborted.push((id, format!("not complete within {} ms", cfg.settings.timeout_ms)));
         }
+        // Before any event: an upgrade must not commit on a checkpoint that just timed out.
+        fail_requests(&mut savepoint, &mut upgrade, &aborted, &send_to);
+        aborted.clear();
         let wait = next_poll.saturating_sub(now()).clamp(1, 50);
         let event = match events.recv_timeout(Duration::from_millis(wait)) {
             Ok(e) => Some(e),
@@ -271,21 +281,25 @@ pub fn run(
                 if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id)) {
                     u.state_bytes += state_bytes;
                 }
-                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id))
-                    && let Some(d) = u.round.on_prepared(task, result)
-                {
-                    if d.commit {
-                        commit_upgrade(&mut cfg, &store, u, id, &mut schema_at);
+                let still_pending = coord.pending().contains(&id);
+                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id)) {
+                    let decision = if still_pending {
+                        u.round.on_prepared(task, result)
+                    } else {
+                        u.round.on_abort(&format!("checkpoint {id} was aborted"))
+                    };
+                    if let Some(d) = decision {
+                        if d.commit {
+                            committed = Some(commit_upgrade(&mut cfg, &store, u, id));
+                        }
+                        send_to(&u.tasks, Control::UpgradeDecision { id, commit: d.commit });
                     }
-                    send_to(&u.tasks, Control::UpgradeDecision { id, commit: d.commit });
                 }
             }
-            Some(Event::UpgradeResumed { task, id, committed: _, pause_ms }) => {
-                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id))
-                    && let Some(outcome) = u.round.on_resumed(task, pause_ms)
-                {
-                    let u = upgrade.take().unwrap();
-                    finish_upgrade(&cfg, u, id, outcome.committed, outcome.pause_ms_max);
+            Some(Event::UpgradeResumed { task, id, committed: switched, pause_ms }) => {
+                if let Some(u) = upgrade.as_mut().filter(|u| u.id == Some(id)) {
+                    // The round's end is handled at the top of the loop.
+                    let _ = u.round.on_resumed(task, switched, pause_ms);
                 }
             }
             Some(Event::Decline { task, id, reason }) => {
@@ -327,6 +341,7 @@ pub fn run(
                         bytes: acks.values().map(|a| a.bytes).sum(),
                         backedge_log_records: acks.values().map(|a| a.logged_records).sum(),
                         backedge_log_bytes: acks.values().map(|a| a.logged_bytes).sum(),
+                        upgrade: committed.as_ref().filter(|c| c.at == id).map(|c| c.what.clone()),
                     };
                     let mut operators: Vec<OperatorEntry> = cfg
                         .nodes
@@ -336,16 +351,16 @@ pub fn run(
                             uid: n.uid.clone(),
                             kind: n.kind.to_string(),
                             parallelism: n.parallelism,
-                            component: n.component.clone().map(|mut c| {
-                                if let Some((at, node, old_schema)) = schema_at
-                                    && at == id
-                                    && node == ni
-                                {
-                                    c.schema_version = old_schema;
-                                }
-                                c
-                            }),
+                            component: match committed.as_ref().filter(|c| c.node == ni) {
+                                Some(c) if id < c.at => c.old_entry.clone(),
+                                Some(c) if id == c.at => n.component.clone().map(|mut e| {
+                                    e.schema_version = c.old_schema;
+                                    e
+                                }),
+                                _ => n.component.clone(),
+                            },
                             subtasks: Vec::new(),
+                            retired: n.retired.clone(),
                         })
                         .collect();
                     for (task, a) in &acks {
@@ -482,6 +497,18 @@ fn fail_requests(
     }
 }
 
+/// A live upgrade that committed at checkpoint `at`.
+struct CommittedUpgrade {
+    at: CheckpointId,
+    node: usize,
+    /// What manifests of checkpoints before `at` record.
+    old_entry: Option<ComponentEntry>,
+    /// The schema of the state in checkpoint `at`.
+    old_schema: u32,
+    /// `<uid>: <old> -> <new>`, for the history.
+    what: String,
+}
+
 /// Every subtask prepared: the new component becomes the operator's, for the manifests of
 /// later checkpoints (with its bytes stored so recovery runs it) and for restarts.
 fn commit_upgrade(
@@ -489,8 +516,7 @@ fn commit_upgrade(
     store: &CheckpointStore,
     u: &PendingUpgrade,
     id: CheckpointId,
-    schema_at: &mut Option<(CheckpointId, usize, u32)>,
-) {
+) -> CommittedUpgrade {
     let mut entry = upgrade::component_entry(&u.factory);
     let old_entry = cfg.nodes[u.node].component.clone();
     if let (OperatorFactory::Wasm(c), Some(sha)) = (&u.factory, entry.sha256.clone()) {
@@ -507,7 +533,14 @@ fn commit_upgrade(
         entry.replaces = old.replaces.clone();
         entry.replaces.extend(old.sha256.clone());
     }
-    *schema_at = Some((id, u.node, u.old.info().schema_version));
+    let what = format!("{}: {} -> {}", cfg.nodes[u.node].uid, upgrade::describe(&u.old), upgrade::describe(&u.factory));
+    let done = CommittedUpgrade {
+        at: id,
+        node: u.node,
+        old_entry: old_entry.clone(),
+        old_schema: u.old.info().schema_version,
+        what,
+    };
     cfg.nodes[u.node].component = Some(entry.clone());
     cfg.live.lock().unwrap().insert(u.node, (u.factory.clone(), entry));
     if let Some(st) = &cfg.status
@@ -515,11 +548,24 @@ fn commit_upgrade(
     {
         n.component = Some(upgrade::describe(&u.factory));
     }
+    done
 }
 
-fn finish_upgrade(cfg: &DriverConfig, u: PendingUpgrade, id: CheckpointId, committed: bool, pause_ms_max: f64) {
+fn finish_upgrade(cfg: &DriverConfig, u: PendingUpgrade, outcome: Outcome) {
     let uid = &cfg.nodes[u.node].uid;
-    if committed {
+    let id = u.id.unwrap_or(CheckpointId(0));
+    let pause_ms_max = outcome.pause_ms_max;
+    if !outcome.consistent {
+        // Cannot happen by construction (a subtask only switches on the decision); say so
+        // loudly rather than report a clean upgrade.
+        eprintln!("error: operator `{uid}`: subtasks did not all follow the upgrade decision at checkpoint {id}");
+        let _ = u.reply.send(Err(format!(
+            "internal error: the subtasks of operator `{uid}` did not all follow the upgrade decision; restart the \
+             job from its latest checkpoint"
+        )));
+        return;
+    }
+    if outcome.committed {
         let info = UpgradeInfo {
             operator: uid.clone(),
             from: upgrade::describe(&u.old),

@@ -85,6 +85,11 @@ pub struct OperatorEntry {
     pub component: Option<ComponentEntry>,
     /// Every subtask's state.
     pub subtasks: Vec<SubtaskEntry>,
+    /// File sinks: subtask indices that existed in an earlier run at a higher parallelism,
+    /// with the next part number each stopped at (its committed parts below it are output;
+    /// anything at or above it that appears later is from a rolled-back future).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired: Vec<(u32, u64)>,
 }
 
 /// Per-checkpoint measurements.
@@ -110,6 +115,10 @@ pub struct CheckpointMetrics {
     /// Their size in bytes.
     #[serde(default)]
     pub backedge_log_bytes: u64,
+    /// A live upgrade that switched versions at this checkpoint's barrier:
+    /// `<uid>: <old> -> <new>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<String>,
 }
 
 /// Periodic checkpoint or user-triggered savepoint.
@@ -249,6 +258,7 @@ mod tests {
                     crc32: 1,
                     key_groups: (0, 128),
                 }],
+                retired: vec![],
             }],
             metrics: CheckpointMetrics::default(),
         };

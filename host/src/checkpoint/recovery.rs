@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use crate::checkpoint::layout::{self, NamedState};
-use crate::checkpoint::snapshot::SubtaskState;
+use crate::checkpoint::snapshot::{SinkState, SubtaskState};
 use crate::checkpoint::storage::LoadedCheckpoint;
 use crate::graph::logical::{JobGraph, NodeKind};
 use crate::keygroup::key_group_range;
@@ -162,9 +162,11 @@ pub fn plan(
                 for s in 0..new_p {
                     let mut st = state_of(s).cloned().unwrap_or_default();
                     if s >= old_p {
-                        // A new subtask: it starts with an empty transaction log, which also
-                        // clears any files its index left in a later, rolled-back run.
-                        st.sink.get_or_insert_with(Default::default);
+                        // A subtask the checkpoint did not have. If its index ran in an
+                        // earlier run, its parts below where it stopped are output; anything
+                        // else of its index is from a rolled-back future and is removed.
+                        let next_part = entry.retired.iter().find(|r| r.0 == s).map_or(0, |r| r.1);
+                        st.sink = Some(SinkState { next_part, pending: Vec::new() });
                     }
                     plan[ni][s as usize] = Some(st);
                 }
@@ -236,6 +238,27 @@ pub fn plan(
         }
     }
     Ok(plan)
+}
+
+/// File sinks of `graph` restored from `chk`: the subtask indices that no longer run, with
+/// the next part number each stopped at (carried in every later manifest, see
+/// `OperatorEntry::retired`).
+pub fn retired_sinks(chk: &LoadedCheckpoint, graph: &JobGraph) -> BTreeMap<usize, Vec<(u32, u64)>> {
+    let mut out = BTreeMap::new();
+    for (ni, node) in graph.nodes.iter().enumerate() {
+        let (NodeKind::Sink(_), Some(entry)) = (&node.kind, chk.manifest.operator(node.id.as_str())) else {
+            continue;
+        };
+        let mut retired: BTreeMap<u32, u64> = entry.retired.iter().copied().collect();
+        for s in 0..entry.parallelism {
+            let next =
+                chk.states.get(&(entry.uid.clone(), s)).and_then(|st| st.sink.as_ref()).map_or(0, |k| k.next_part);
+            retired.insert(s, next);
+        }
+        retired.retain(|s, _| *s >= node.parallelism);
+        out.insert(ni, retired.into_iter().collect());
+    }
+    out
 }
 
 /// Non-keyed state of old subtasks `(index, blob)` onto `new_p` subtasks, state by state, as
@@ -413,6 +436,7 @@ mod tests {
                     parallelism: old_p,
                     component: None,
                     subtasks,
+                    retired: vec![],
                 }],
                 metrics: CheckpointMetrics::default(),
             },

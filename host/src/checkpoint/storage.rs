@@ -176,6 +176,17 @@ impl CheckpointStore {
         None
     }
 
+    /// Like [`CheckpointStore::latest`], among checkpoints with id `>= first` only.
+    pub fn latest_since(&self, first: u64, mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
+        for l in self.list().into_iter().rev().filter(|l| l.id >= first) {
+            match load(&l.path) {
+                Ok(c) => return Some(c),
+                Err(e) => skipped(&e),
+            }
+        }
+        None
+    }
+
     /// Deletes completed checkpoints beyond the newest `retained`, and incomplete ones older
     /// than the newest complete one.
     pub fn retain(&self, retained: usize) -> std::io::Result<()> {
@@ -311,6 +322,7 @@ mod tests {
                 parallelism: 1,
                 component: None,
                 subtasks: vec![SubtaskEntry { index: 0, file: file.into(), bytes, crc32: crc, key_groups: (0, 8) }],
+                retired: vec![],
             }],
             metrics: CheckpointMetrics { id, ..Default::default() },
         }

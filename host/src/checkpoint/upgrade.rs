@@ -24,6 +24,8 @@ pub struct Outcome {
     pub committed: bool,
     /// Longest pause of a subtask (barrier to resumed), ms.
     pub pause_ms_max: f64,
+    /// Every subtask that resumed did what the decision said (a violation is a bug).
+    pub consistent: bool,
 }
 
 /// One upgrade round.
@@ -32,7 +34,7 @@ pub struct UpgradeRound {
     tasks: BTreeSet<usize>,
     prepared: BTreeMap<usize, Result<(), String>>,
     decision: Option<Decision>,
-    resumed: BTreeMap<usize, f64>,
+    resumed: BTreeMap<usize, (bool, f64)>,
 }
 
 impl UpgradeRound {
@@ -82,16 +84,25 @@ impl UpgradeRound {
         Some(d)
     }
 
-    /// Subtask `task` resumed after pausing `pause_ms`. Returns the outcome once every
-    /// subtask that prepared resumed (subtasks that never prepared never pause).
-    pub fn on_resumed(&mut self, task: usize, pause_ms: f64) -> Option<Outcome> {
-        let d = self.decision.as_ref()?;
-        if !self.prepared.contains_key(&task) {
+    /// Subtask `task` resumed (on the new instance if `committed`) after pausing
+    /// `pause_ms`. Returns the outcome once the round is over.
+    pub fn on_resumed(&mut self, task: usize, committed: bool, pause_ms: f64) -> Option<Outcome> {
+        if self.decision.is_none() || !self.prepared.contains_key(&task) {
             return None;
         }
-        self.resumed.insert(task, pause_ms);
-        (self.resumed.len() == self.prepared.len())
-            .then(|| Outcome { committed: d.commit, pause_ms_max: self.resumed.values().copied().fold(0.0, f64::max) })
+        self.resumed.insert(task, (committed, pause_ms));
+        self.outcome()
+    }
+
+    /// The outcome, once decided and every subtask that prepared resumed (subtasks that never
+    /// prepared — e.g. the checkpoint was aborted before they got there — never pause).
+    pub fn outcome(&self) -> Option<Outcome> {
+        let d = self.decision.as_ref()?;
+        (self.resumed.len() == self.prepared.len()).then(|| Outcome {
+            committed: d.commit,
+            pause_ms_max: self.resumed.values().map(|r| r.1).fold(0.0, f64::max),
+            consistent: self.resumed.values().all(|r| r.0 == d.commit),
+        })
     }
 }
 
@@ -106,8 +117,8 @@ mod tests {
         assert_eq!(r.on_prepared(9, Ok(())), None, "not a subtask of the operator");
         assert_eq!(r.on_prepared(4, Ok(())), Some(Decision { commit: true, failures: vec![] }));
         assert_eq!(r.on_abort("late"), None, "decided already");
-        assert_eq!(r.on_resumed(3, 2.0), None);
-        assert_eq!(r.on_resumed(4, 5.0), Some(Outcome { committed: true, pause_ms_max: 5.0 }));
+        assert_eq!(r.on_resumed(3, true, 2.0), None);
+        assert_eq!(r.on_resumed(4, true, 5.0), Some(Outcome { committed: true, pause_ms_max: 5.0, consistent: true }));
     }
 
     #[test]
@@ -127,6 +138,25 @@ mod tests {
         let d = r.on_abort("checkpoint 7 timed out").unwrap();
         assert!(!d.commit);
         assert_eq!(r.on_prepared(1, Ok(())), None);
-        assert_eq!(r.on_resumed(0, 1.0), Some(Outcome { committed: false, pause_ms_max: 1.0 }));
+        assert_eq!(r.on_resumed(1, false, 1.0), None, "reported after the decision: not part of the round");
+        assert_eq!(
+            r.on_resumed(0, false, 1.0),
+            Some(Outcome { committed: false, pause_ms_max: 1.0, consistent: true })
+        );
+    }
+
+    #[test]
+    fn an_abort_before_anyone_prepared_ends_the_round_at_once() {
+        let mut r = UpgradeRound::new([0, 1]);
+        assert!(r.outcome().is_none());
+        r.on_abort("checkpoint 3 was declined");
+        assert_eq!(r.outcome(), Some(Outcome { committed: false, pause_ms_max: 0.0, consistent: true }));
+    }
+
+    #[test]
+    fn a_subtask_that_did_not_follow_the_decision_is_reported() {
+        let mut r = UpgradeRound::new([0]);
+        r.on_prepared(0, Ok(()));
+        assert!(!r.on_resumed(0, false, 1.0).unwrap().consistent);
     }
 }

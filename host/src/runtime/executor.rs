@@ -259,6 +259,10 @@ fn run_attempts(
     let completed = Arc::new(Completed::default());
     let mut failures = 0u32;
     let user_cancel = opts.endpoint.as_ref().map(|e| e.cancel.clone());
+    let original_path = restore.as_ref().map(|c| c.path.clone());
+    let mut original_dropped = BTreeMap::new();
+    // Checkpoints of this run have ids from here on; older ones on disk are another run's.
+    let first_id = store.map_or(0, |s| s.max_id() + 1);
     loop {
         if let Some(c) = &restore {
             let what = match c.manifest.kind {
@@ -268,11 +272,16 @@ fn run_attempts(
             eprintln!("restoring job `{}` from {what} {} ({})", g.name, c.manifest.checkpoint_id, c.path.display());
         }
         // Refused before any task starts: components that cannot take over their state.
-        let dropped = if failures == 0 {
-            resolve_components(job, restore.as_ref(), opts.allow_non_restored_state, live)
-                .map_err(|e| RunError::Incompatible { job: g.name.clone(), message: e })?
+        if failures == 0 {
+            original_dropped = resolve_components(job, restore.as_ref(), opts.allow_non_restored_state, live)
+                .map_err(|e| RunError::Incompatible { job: g.name.clone(), message: e })?;
+        }
+        // Restarts keep the components running (a live upgrade stays in force). States the
+        // user allowed to drop are dropped again when restarting from the original snapshot;
+        // this run's own checkpoints never held them.
+        let dropped = if restore.as_ref().map(|c| &c.path) == original_path.as_ref() {
+            original_dropped.clone()
         } else {
-            // Restarts keep the components running (a live upgrade stays in force).
             BTreeMap::new()
         };
         if let Some(e) = &opts.endpoint {
@@ -316,7 +325,9 @@ fn run_attempts(
                     return Err(RunError::Failed { job: g.name.clone(), attempts: failures, cause });
                 };
                 restore = match store {
-                    Some(s) => s.latest(warn).or(restore),
+                    // The newest checkpoint of this run, else where this run started (never a
+                    // newer checkpoint another run left behind).
+                    Some(s) => s.latest_since(first_id, warn).or(restore),
                     None => None,
                 };
                 let from = restore
@@ -365,6 +376,7 @@ fn run_attempt(
         None => None,
     };
     let restored_state = |node: usize, subtask: u32| plan.as_ref().and_then(|p| p[node][subtask as usize].clone());
+    let retired = restore.map(|c| recovery::retired_sinks(c, g)).unwrap_or_default();
     if let Some(c) = restore
         && c.manifest.finished
     {
@@ -438,6 +450,7 @@ fn run_attempt(
                 NodeKind::Sink(_) => "sink",
             },
             parallelism: n.parallelism,
+            retired: retired.get(&i).cloned().unwrap_or_default(),
             component: live.lock().unwrap().get(&i).map(|(f, entry)| {
                 let mut entry = entry.clone();
                 // An upgraded component is stored with this job's checkpoints, so recovery
@@ -673,22 +686,32 @@ fn run_attempt(
         let _ = p.join();
     }
     let mut failures = std::mem::take(&mut *failures.lock().unwrap());
+    let coordinator_end = match coordinator_end {
+        Some(Ok(DriverEnd::StoppedWithSavepoint { info, reply })) => Some((info, reply)),
+        other => {
+            if let Some(Ok(DriverEnd::Stopped)) = other
+                && failures.is_empty()
+            {
+                return Err(setup("the checkpoint coordinator stopped before the job's final checkpoint".into()));
+            }
+            None
+        }
+    };
+    if let Some((info, reply)) = coordinator_end {
+        // The savepoint is complete and its output committed before `Stop` went out; what
+        // subtasks ran into while exiting (a neighbour gone first) does not undo that.
+        for f in failures.iter().filter(|f| !f.is_secondary()) {
+            eprintln!("warning: while stopping: {f}");
+        }
+        eprintln!("job `{}` stopped with savepoint {}", g.name, info.path.display());
+        let _ = reply.send(Ok(info.clone()));
+        return Ok(AttemptEnd::Stopped(summaries(g, &metrics), info));
+    }
     if !failures.is_empty() {
         let root = failures.iter().position(|f| !f.is_secondary()).unwrap_or(0);
         return Ok(AttemptEnd::Failed(failures.swap_remove(root)));
     }
-    match coordinator_end {
-        Some(Ok(DriverEnd::Stopped)) => {
-            Err(setup("the checkpoint coordinator stopped before the job's final checkpoint".into()))
-        }
-        Some(Ok(DriverEnd::StoppedWithSavepoint { info, reply })) => {
-            // Every subtask has exited and the sinks committed the savepoint's output.
-            eprintln!("job `{}` stopped with savepoint {}", g.name, info.path.display());
-            let _ = reply.send(Ok(info.clone()));
-            Ok(AttemptEnd::Stopped(summaries(g, &metrics), info))
-        }
-        _ => Ok(AttemptEnd::Done(summaries(g, &metrics))),
-    }
+    Ok(AttemptEnd::Done(summaries(g, &metrics)))
 }
 
 /// Per attempt: turns a user's cancel into the attempt's cancel, and answers requests that

@@ -251,7 +251,15 @@ impl OperatorTask {
         let sync_ms = t0.elapsed().as_secs_f64() * 1e3;
         // The upgrade's control message may still be queued behind data: look for it.
         self.read_control_ahead();
-        let upgrade = self.upgrade.take_if(|(u, _)| *u == id).map(|(_, f)| f);
+        let mut upgrade = self.upgrade.take_if(|(u, _)| *u == id).map(|(_, f)| f);
+        if self
+            .deferred
+            .iter()
+            .any(|c| matches!(c, Control::Abort(a) | Control::UpgradeDecision { id: a, .. } if *a == id))
+        {
+            // Already aborted or decided (a rollback) before this subtask got here.
+            upgrade = None;
+        }
         let Some(factory) = upgrade else {
             if let Some(p) = self.checkpoints.as_mut() {
                 p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
@@ -318,6 +326,16 @@ impl OperatorTask {
     /// stay unread meanwhile); an abort of `id` is a rollback.
     fn await_decision(&mut self, id: CheckpointId) -> Result<bool, TaskFailure> {
         let Some(control) = self.checkpoints.as_ref().map(|p| p.control.clone()) else { return Ok(false) };
+        // Messages read ahead come first.
+        if let Some(i) =
+            self.deferred.iter().position(|c| matches!(c, Control::UpgradeDecision { id: d, .. } if *d == id))
+        {
+            let Some(Control::UpgradeDecision { commit, .. }) = self.deferred.remove(i) else { unreachable!() };
+            return Ok(commit);
+        }
+        if self.deferred.iter().any(|c| matches!(c, Control::Abort(a) if *a == id) || matches!(c, Control::Stop)) {
+            return Ok(false);
+        }
         loop {
             match control.recv_timeout(Duration::from_millis(50)) {
                 Ok(Control::UpgradeDecision { id: d, commit }) if d == id => return Ok(commit),

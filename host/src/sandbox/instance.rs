@@ -42,7 +42,7 @@ pub enum LoadError {
     /// Imports Weir does not grant.
     #[error(
         "operator `{uid}`: component {} imports {imports}, which Weir does not provide; operators may import only \
-         weir:operator/{{context,collector,timers,logging}}@0.1.0 (build Rust guests for wasm32-unknown-unknown, \
+         weir:operator/{{context,collector,timers,logging}}@0.2.0 (build Rust guests for wasm32-unknown-unknown, \
          not wasip2, so that std adds no WASI imports)",
         path.display()
     )]
@@ -54,10 +54,24 @@ pub enum LoadError {
         /// The offending imports.
         imports: String,
     },
+    /// Built against another version of Weir's WIT contract.
+    #[error(
+        "operator `{uid}`: component {} was built against {found}, but this Weir speaks weir:operator@{CONTRACT}; \
+         rebuild it with the current SDK (Rust: weir-guest) or against wit/operator.wit",
+        path.display()
+    )]
+    OtherContract {
+        /// Operator uid.
+        uid: String,
+        /// File.
+        path: PathBuf,
+        /// The contract version it imports.
+        found: String,
+    },
     /// Exports do not match a world.
     #[error(
         "operator `{uid}`: component {} implements neither world `operator` nor `co-operator` of \
-         weir:operator@0.1.0 (as `operator`: {one}; as `co-operator`: {two}); rebuild it against wit/operator.wit",
+         weir:operator@0.2.0 (as `operator`: {one}; as `co-operator`: {two}); rebuild it against wit/operator.wit",
         path.display()
     )]
     WrongWorld {
@@ -81,6 +95,9 @@ pub enum LoadError {
         reason: String,
     },
 }
+
+/// The version of the WIT package (`wit/operator.wit`) this host implements.
+pub const CONTRACT: &str = "0.2.0";
 
 /// A failure inside a guest call.
 #[derive(Debug, Error)]
@@ -224,11 +241,11 @@ impl LoadedComponent {
         classify(bytes).map_err(not)?;
         let component = Component::new(engine, bytes).map_err(|e| not(format!("{e:#}")))?;
         let granted = [
-            "weir:operator/types@0.1.0",
-            "weir:operator/context@0.1.0",
-            "weir:operator/collector@0.1.0",
-            "weir:operator/timers@0.1.0",
-            "weir:operator/logging@0.1.0",
+            "weir:operator/types@0.2.0",
+            "weir:operator/context@0.2.0",
+            "weir:operator/collector@0.2.0",
+            "weir:operator/timers@0.2.0",
+            "weir:operator/logging@0.2.0",
         ];
         let ungranted: Vec<String> = component
             .component_type()
@@ -236,6 +253,15 @@ impl LoadedComponent {
             .map(|(name, _)| name.to_string())
             .filter(|n| !granted.contains(&n.as_str()))
             .collect();
+        if let Some(other) = ungranted.iter().find_map(|n| {
+            n.strip_prefix("weir:operator/").and_then(|rest| rest.split_once('@')).map(|(_, v)| v.to_string())
+        }) {
+            return Err(LoadError::OtherContract {
+                uid: uid.into(),
+                path: path.into(),
+                found: format!("weir:operator@{other}"),
+            });
+        }
         if !ungranted.is_empty() {
             return Err(LoadError::UngrantedImports {
                 uid: uid.into(),
