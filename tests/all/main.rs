@@ -9,5 +9,6 @@ mod errors;
 mod exactly_once;
 mod examples;
 mod process_recovery;
+mod sandbox;
 mod savepoints;
 mod support;

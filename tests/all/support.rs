@@ -25,6 +25,7 @@ const GUESTS: &[&str] = &[
     "test-oracle",
     "test-oracle-v2",
     "test-lists",
+    "test-hostile",
     "test-oracle-join",
     "test-loop-oracle",
     "iterate-split",

@@ -35,6 +35,8 @@ pub struct JobGraph {
     pub restart: RestartStrategy,
     /// The processing guarantee the job asks for.
     pub guarantee: Guarantee,
+    /// Resource limits of every operator instance.
+    pub limits: crate::sandbox::limits::Limits,
 }
 
 /// `[job] guarantee`.

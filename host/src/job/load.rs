@@ -18,6 +18,7 @@ use crate::graph::partition::Partition;
 use crate::ids::NodeId;
 use crate::job::spec::{InputSpec, JobSpec};
 use crate::runtime::restart::RestartStrategy;
+use crate::sandbox::limits::{CEILING, Limits};
 
 /// Largest supported `max_parallelism` (key groups).
 pub const MAX_KEY_GROUPS: u32 = 32_768;
@@ -388,6 +389,38 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             }
         }
     }
+    let limits = match &spec.limits {
+        None => Limits::default(),
+        Some(l) => {
+            let d = Limits::default();
+            let v = l.get_ref();
+            let limits = Limits {
+                memory_mb: v.memory_mb.unwrap_or(d.memory_mb),
+                call_timeout_ms: v.call_timeout_ms.unwrap_or(d.call_timeout_ms),
+                max_emit_mb: v.max_emit_mb.unwrap_or(d.max_emit_mb),
+                max_snapshot_mb: v.max_snapshot_mb.unwrap_or(d.max_snapshot_mb),
+            };
+            if let Some((name, value, ceiling)) = limits.above(&CEILING) {
+                return cx.err(
+                    l.span(),
+                    format!(
+                        "[limits] {name} = {value} is above this host's ceiling of {ceiling}; ask for at most {ceiling}"
+                    ),
+                );
+            }
+            for (name, value) in [
+                ("memory_mb", limits.memory_mb),
+                ("call_timeout_ms", limits.call_timeout_ms),
+                ("max_emit_mb", limits.max_emit_mb),
+                ("max_snapshot_mb", limits.max_snapshot_mb),
+            ] {
+                if value == 0 {
+                    return cx.err(l.span(), format!("[limits] {name} must be at least 1"));
+                }
+            }
+            limits
+        }
+    };
     Ok(JobGraph {
         name,
         file: cx.file.to_path_buf(),
@@ -399,6 +432,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         checkpoint,
         restart,
         guarantee,
+        limits,
     })
 }
 

@@ -18,6 +18,9 @@ pub struct JobSpec {
     /// `[restart]`
     #[serde(default)]
     pub restart: Option<RestartSpec>,
+    /// `[limits]`
+    #[serde(default)]
+    pub limits: Option<Spanned<LimitsSpec>>,
     /// `[[source]]`
     #[serde(default)]
     pub source: Vec<SourceSpec>,
@@ -27,6 +30,24 @@ pub struct JobSpec {
     /// `[[sink]]`
     #[serde(default)]
     pub sink: Vec<SinkSpec>,
+}
+
+/// `[limits]`: per operator instance (every subtask of every operator).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Linear memory, MiB.
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    /// CPU (wall) time of one guest call, ms.
+    #[serde(default)]
+    pub call_timeout_ms: Option<u64>,
+    /// Bytes one guest call may emit, MiB.
+    #[serde(default)]
+    pub max_emit_mb: Option<u64>,
+    /// Bytes one snapshot may return, MiB.
+    #[serde(default)]
+    pub max_snapshot_mb: Option<u64>,
 }
 
 /// `[job]`

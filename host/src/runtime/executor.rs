@@ -533,12 +533,14 @@ fn run_attempt(
                         .map_or(component.info().schema_version, |c| c.schema_version);
                     let restore = restored.map(|state| Restore { schema_version, state });
                     let config = op.config.clone();
+                    let limits = g.limits;
                     let quiet = opts.quiet_guests;
                     let faults = opts.faults.clone().map(|plan| Faults { plan, attempt });
                     let termination = termination.clone();
                     let id2 = id.clone();
                     Task::Operator(Box::new(move || {
-                        let mut host = HostState::new(info, component.info().side_outputs.len() as u32);
+                        let mut host =
+                            HostState::new(info, component.info().side_outputs.len() as u32).with_limits(limits);
                         host.echo_logs = !quiet;
                         let instance = component
                             .instantiate(host)

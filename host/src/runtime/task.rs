@@ -310,7 +310,8 @@ impl OperatorTask {
         state: &SubtaskState,
     ) -> Result<Box<dyn OperatorLogic>, String> {
         let old = self.instance.host();
-        let mut host = HostState::new(old.task.clone(), factory.info().side_outputs.len() as u32);
+        let mut host =
+            HostState::new(old.task.clone(), factory.info().side_outputs.len() as u32).with_limits(old.limits);
         host.echo_logs = old.echo_logs;
         host.watermark = old.watermark;
         let schema = self.schema_version;

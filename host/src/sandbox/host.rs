@@ -5,7 +5,9 @@
 
 use crate::record;
 use crate::sandbox::bindings::{collector, context, logging, timers, types};
+use crate::sandbox::limits::Limits;
 use crate::sandbox::timers::TimerQueue;
+use wasmtime::StoreLimits;
 
 /// Per-instance host state (the `T` of `Store<T>`).
 pub struct HostState {
@@ -31,6 +33,10 @@ pub struct HostState {
     pub last_error: Option<String>,
     /// Print guest log lines to stderr.
     pub echo_logs: bool,
+    /// The instance's limits.
+    pub limits: Limits,
+    /// Memory, table and instance caps (the store's limiter).
+    pub store_limits: StoreLimits,
 }
 
 impl HostState {
@@ -49,7 +55,17 @@ impl HostState {
             processing_timers: TimerQueue::default(),
             last_error: None,
             echo_logs: true,
+            limits: Limits::default(),
+            store_limits: Limits::default().store_limits(),
         }
+    }
+
+    /// Applies `limits` (before the instance is created).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self.store_limits = limits.store_limits();
+        self.max_emit_bytes = limits.max_emit_bytes();
+        self
     }
 
     fn check_key_group(&self, key_group: u32) -> wasmtime::Result<()> {
@@ -81,7 +97,7 @@ impl collector::Host for HostState {
     fn emit_batch(&mut self, batch: Vec<u8>) -> wasmtime::Result<()> {
         if self.emitted.len() + batch.len() > self.max_emit_bytes {
             wasmtime::bail!(
-                "{}: emitted more than {} bytes in one call (limit max_emit_bytes)",
+                "{}: emitted more than {} bytes in one call (limit max_emit_mb)",
                 self.label,
                 self.max_emit_bytes
             );

@@ -15,6 +15,7 @@ use crate::graph::logical::Side;
 use crate::record::Batch;
 use crate::sandbox::bindings::{one, two, types};
 use crate::sandbox::host::HostState;
+use crate::sandbox::limits::Limits;
 
 /// A component that cannot be used.
 #[derive(Debug, Error)]
@@ -341,12 +342,16 @@ impl LoadedComponent {
 
     /// A fresh instance with `host` as its store data.
     pub fn instantiate(&self, host: HostState) -> Result<OperatorInstance, GuestError> {
+        let limits = host.limits;
         let mut store = Store::new(&self.engine, host);
+        store.limiter(|h| &mut h.store_limits);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(limits.deadline_ticks());
         let inst = match &self.pre {
             Pre::One(p) => p.instantiate(&mut store).map(Inst::One),
             Pre::Two(p) => p.instantiate(&mut store).map(Inst::Two),
         }
-        .map_err(|e| trap("instantiate", e, None))?;
+        .map_err(|e| trap("instantiate", e, None, &limits))?;
         Ok(OperatorInstance { store, inst })
     }
 }
@@ -362,16 +367,42 @@ pub struct OperatorInstance {
     inst: Inst,
 }
 
-fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>) -> GuestError {
+/// Turns a failed call into a [`GuestError`], naming the limit when one was breached.
+fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>, limits: &Limits) -> GuestError {
+    let full = format!("{e:#}");
     let message = match e.downcast_ref::<wasmtime::Trap>() {
-        Some(t) => format!("wasm trap: {t}"),
-        None => format!("{e:#}"),
+        Some(wasmtime::Trap::Interrupt) => format!(
+            "exceeded its CPU time limit: the call ran longer than call_timeout_ms = {} ms ([limits] in the job file)",
+            limits.call_timeout_ms
+        ),
+        Some(wasmtime::Trap::StackOverflow) => {
+            "exhausted its call stack (unbounded recursion?); the instance is discarded".to_string()
+        }
+        _ if full.contains("forcing trap when growing memory") => format!(
+            "exceeded its memory limit: linear memory may not grow past memory_mb = {} MiB ([limits] in the job file)",
+            limits.memory_mb
+        ),
+        _ if full.contains("forcing trap when growing table") => {
+            "exceeded its table limit (64 tables of at most 1048576 elements)".to_string()
+        }
+        Some(wasmtime::Trap::MemoryOutOfBounds) => {
+            "wasm trap: out of bounds memory access (a Rust or C guest also gets this when its shadow stack in \
+             linear memory overflows: deep recursion with large frames)"
+                .to_string()
+        }
+        Some(t) => {
+            let t = t.to_string();
+            if t.starts_with("wasm trap") { t } else { format!("wasm trap: {t}") }
+        }
+        // A host import refused the call: its message, not the wasm backtrace around it.
+        None => e.root_cause().to_string(),
     };
     GuestError::Trap { call, message: message.lines().next().unwrap_or("").to_string(), detail }
 }
 
 macro_rules! call {
     ($self:ident, $name:literal, $method:ident $(, $arg:expr)*) => {{
+        $self.arm();
         let r = match &$self.inst {
             Inst::One(b) => b.$method(&mut $self.store $(, $arg)*),
             Inst::Two(b) => b.$method(&mut $self.store $(, $arg)*),
@@ -382,7 +413,14 @@ macro_rules! call {
 
 impl OperatorInstance {
     fn finish<T>(&mut self, call: &'static str, r: wasmtime::Result<T>) -> Result<T, GuestError> {
-        r.map_err(|e| trap(call, e, self.store.data_mut().last_error.take()))
+        let limits = self.store.data().limits;
+        r.map_err(|e| trap(call, e, self.store.data_mut().last_error.take(), &limits))
+    }
+
+    /// Gives the next call its CPU deadline.
+    fn arm(&mut self) {
+        let ticks = self.store.data().limits.deadline_ticks();
+        self.store.set_epoch_deadline(ticks);
     }
 
     fn result(call: &'static str, r: Result<(), String>) -> Result<(), GuestError> {
@@ -408,6 +446,7 @@ impl OperatorInstance {
     /// `process` (one-input) or `process-left`/`process-right` (two-input).
     pub fn process(&mut self, side: Side, batch: &Batch) -> Result<(), GuestError> {
         let bytes = batch.as_bytes();
+        self.arm();
         let r = match (&self.inst, side) {
             (Inst::One(b), Side::Left) => b.call_process(&mut self.store, bytes),
             (Inst::Two(b), Side::Left) => b.call_process_left(&mut self.store, bytes),
@@ -438,7 +477,20 @@ impl OperatorInstance {
         mode: types::SnapshotMode,
     ) -> Result<types::OperatorSnapshot, GuestError> {
         let r = call!(self, "snapshot", call_snapshot, checkpoint, mode)?;
-        r.map_err(|message| GuestError::Failed { call: "snapshot", message })
+        let snap = r.map_err(|message| GuestError::Failed { call: "snapshot", message })?;
+        let bytes = snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + snap.operator_state.len() as u64;
+        let max = self.store.data().limits.max_snapshot_bytes();
+        if bytes > max {
+            return Err(GuestError::Trap {
+                call: "snapshot",
+                message: format!(
+                    "exceeded its snapshot size limit: {bytes} bytes > max_snapshot_mb = {} MiB ([limits] in the job file)",
+                    max >> 20
+                ),
+                detail: None,
+            });
+        }
+        Ok(snap)
     }
 
     /// `restore`.

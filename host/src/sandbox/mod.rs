@@ -4,4 +4,5 @@ pub mod bindings;
 pub mod engine;
 pub mod host;
 pub mod instance;
+pub mod limits;
 pub mod timers;

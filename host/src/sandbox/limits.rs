@@ -1,0 +1,94 @@
+//! Resource limits of one operator instance, set per job (`[limits]`) under host-wide
+//! ceilings.
+//!
+//! Invariants: every guest call runs under a CPU deadline (epoch interruption: a ticker
+//! thread advances the engine's epoch every [`TICK`], and each call may run for
+//! `call_timeout_ms` worth of ticks); linear memory, tables and instances are capped by a
+//! `StoreLimits`, and growing past the cap traps (rather than making `memory.grow` fail
+//! quietly); output per call and snapshot size are checked by the host. A breach traps the
+//! instance with an error that names the limit and its value; the instance is then dropped.
+
+use std::time::Duration;
+
+use wasmtime::{StoreLimits, StoreLimitsBuilder};
+
+/// How often the engine's epoch advances.
+pub const TICK: Duration = Duration::from_millis(5);
+
+/// Limits of one operator instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Linear memory per instance, MiB.
+    pub memory_mb: u64,
+    /// Wall time one guest call may run, ms.
+    pub call_timeout_ms: u64,
+    /// Bytes one guest call may emit, MiB.
+    pub max_emit_mb: u64,
+    /// Bytes one `snapshot` may return, MiB.
+    pub max_snapshot_mb: u64,
+}
+
+/// The host-wide ceilings a job's limits must stay under.
+pub const CEILING: Limits =
+    Limits { memory_mb: 4096, call_timeout_ms: 60_000, max_emit_mb: 1024, max_snapshot_mb: 8192 };
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { memory_mb: 512, call_timeout_ms: 10_000, max_emit_mb: 256, max_snapshot_mb: 2048 }
+    }
+}
+
+impl Limits {
+    /// The first limit above the ceiling: (name, value, ceiling).
+    pub fn above(&self, ceiling: &Limits) -> Option<(&'static str, u64, u64)> {
+        [
+            ("memory_mb", self.memory_mb, ceiling.memory_mb),
+            ("call_timeout_ms", self.call_timeout_ms, ceiling.call_timeout_ms),
+            ("max_emit_mb", self.max_emit_mb, ceiling.max_emit_mb),
+            ("max_snapshot_mb", self.max_snapshot_mb, ceiling.max_snapshot_mb),
+        ]
+        .into_iter()
+        .find(|(_, v, c)| v > c)
+    }
+
+    /// The store limiter for these limits.
+    pub fn store_limits(&self) -> StoreLimits {
+        StoreLimitsBuilder::new()
+            .memory_size((self.memory_mb << 20) as usize)
+            .instances(64)
+            .tables(64)
+            .memories(16)
+            .table_elements(1 << 20)
+            .trap_on_grow_failure(true)
+            .build()
+    }
+
+    /// Epoch ticks one call may run.
+    pub fn deadline_ticks(&self) -> u64 {
+        (self.call_timeout_ms / TICK.as_millis() as u64).max(1) + 1
+    }
+
+    /// Bytes one call may emit.
+    pub fn max_emit_bytes(&self) -> usize {
+        (self.max_emit_mb << 20) as usize
+    }
+
+    /// Bytes one snapshot may return.
+    pub fn max_snapshot_bytes(&self) -> u64 {
+        self.max_snapshot_mb << 20
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceilings_and_deadlines() {
+        assert_eq!(Limits::default().above(&CEILING), None);
+        let l = Limits { memory_mb: 5000, ..Limits::default() };
+        assert_eq!(l.above(&CEILING), Some(("memory_mb", 5000, 4096)));
+        assert_eq!(Limits { call_timeout_ms: 100, ..Limits::default() }.deadline_ticks(), 21);
+        assert_eq!(Limits { call_timeout_ms: 1, ..Limits::default() }.deadline_ticks(), 2);
+    }
+}

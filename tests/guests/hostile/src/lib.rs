@@ -1,0 +1,135 @@
+//! A hostile operator for the sandbox tests: config `mode` picks the misbehaviour, which
+//! starts at the first record (so the job is up and its neighbours are running).
+//!
+//! | mode | what it does | what must stop it |
+//! | --- | --- | --- |
+//! | `spin` | loops forever in `process` | the CPU deadline (`call_timeout_ms`) |
+//! | `grow` | allocates 1 MiB blocks until memory runs out | the memory limit (`memory_mb`) |
+//! | `recurse` | recurses without end, small frames | the wasm stack limit |
+//! | `recurse-frames` | recurses without end, 256-byte frames | the end of its shadow stack in linear memory |
+//! | `flood` | emits 256 KiB values without end in one call | the output limit (`max_emit_mb`) |
+//! | `huge-snapshot` | keeps 256 KiB of keyed state per key | the snapshot limit (`max_snapshot_mb`) |
+//! | `trap-snapshot` | keeps state whose serialization panics | a trap in `snapshot` |
+//! | `poison-restore` | keeps state whose deserialization panics, then panics at value 400 | a trap in `restore` on every restart |
+//! | `bad-timer` | registers a timer for a key group it does not own | the host's import checks |
+//! | `bad-emit` | hands the host a malformed record batch | the host's import checks |
+//! | `huge-log` | logs 10 MiB lines | truncated by the host, harmless |
+
+use std::hint::black_box;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use weir_guest::{Context, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, ValueState};
+
+/// Serialization panics (mode `trap-snapshot`).
+#[derive(Clone, Default)]
+struct Bomb;
+
+impl Serialize for Bomb {
+    fn serialize<S: Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+        panic!("hostile: serializing a bomb");
+    }
+}
+
+impl<'de> Deserialize<'de> for Bomb {
+    fn deserialize<D: Deserializer<'de>>(_: D) -> std::result::Result<Self, D::Error> {
+        Ok(Bomb)
+    }
+}
+
+/// Serializes fine; deserialization panics (mode `poison-restore`).
+#[derive(Clone, Default, Serialize)]
+struct Poison(u64);
+
+impl<'de> Deserialize<'de> for Poison {
+    fn deserialize<D: Deserializer<'de>>(_: D) -> std::result::Result<Self, D::Error> {
+        panic!("hostile: deserializing poison");
+    }
+}
+
+struct Hostile {
+    mode: String,
+    blob: ValueState<Vec<u8>>,
+    bomb: ValueState<Bomb>,
+    poison: ValueState<Poison>,
+    hoard: Vec<Vec<u8>>,
+}
+
+/// Small frames: overflows the wasm call stack.
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64) -> u64 {
+    black_box(recurse(black_box(depth + 1))) + depth
+}
+
+/// Large frames: overflows the shadow stack in linear memory first.
+#[allow(unconditional_recursion)]
+fn recurse_frames(depth: u64, pad: [u8; 256]) -> u64 {
+    let pad = black_box(pad);
+    black_box(recurse_frames(depth + 1, pad)) + pad[(depth % 256) as usize] as u64
+}
+
+impl Operator for Hostile {
+    const INFO: OperatorInfo = OperatorInfo {
+        states: &[
+            StateDescriptor::keyed_value("blob"),
+            StateDescriptor::keyed_value("bomb"),
+            StateDescriptor::keyed_value("poison"),
+        ],
+        ..OperatorInfo::new("test-hostile", "1.0.0")
+    };
+
+    fn open(ctx: &mut OpenContext<'_>) -> Result<Self> {
+        Ok(Hostile {
+            mode: ctx.config_or("mode", String::new())?,
+            blob: ctx.value_state("blob")?,
+            bomb: ctx.value_state("bomb")?,
+            poison: ctx.value_state("poison")?,
+            hoard: Vec::new(),
+        })
+    }
+
+    fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
+        match self.mode.as_str() {
+            "spin" => loop {
+                black_box(&mut self.hoard);
+            },
+            "grow" => loop {
+                let mut block = vec![0u8; 1 << 20];
+                block[black_box(4096)] = 1;
+                self.hoard.push(block);
+            },
+            "recurse" => {
+                black_box(recurse(0));
+            }
+            "recurse-frames" => {
+                black_box(recurse_frames(0, [1; 256]));
+            }
+            "flood" => loop {
+                ctx.emit(rec.key, &[7u8; 256 << 10]);
+            },
+            "huge-snapshot" => self.blob.set(ctx, vec![1u8; 256 << 10]),
+            "trap-snapshot" => self.bomb.set(ctx, Bomb),
+            "poison-restore" => {
+                self.poison.set(ctx, Poison(1));
+                if rec.value == b"400" {
+                    panic!("hostile: failing so that the job restores its poison");
+                }
+            }
+            "bad-timer" => weir_guest::__private::bindings::timers::register(
+                weir_guest::__private::bindings::types::TimeDomain::EventTime,
+                9999,
+                rec.key,
+                1,
+            ),
+            "bad-emit" => weir_guest::__private::bindings::collector::emit_batch(&[0xff; 13]),
+            "huge-log" => weir_guest::__private::bindings::logging::log(
+                weir_guest::__private::bindings::logging::Level::Info,
+                &"x".repeat(10 << 20),
+            ),
+            _ => {}
+        }
+        ctx.emit(rec.key, rec.value);
+        Ok(())
+    }
+}
+
+weir_guest::export_operator!(Hostile);
