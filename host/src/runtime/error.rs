@@ -49,6 +49,12 @@ pub enum TaskFailure {
 }
 
 impl TaskFailure {
+    /// The guest ran into its CPU time limit.
+    pub fn is_cpu_limit(&self) -> bool {
+        matches!(self, TaskFailure::Guest { source: GuestError::Trap { message, .. }, .. }
+            if message.starts_with("exceeded its CPU time limit"))
+    }
+
     /// A consequence of another failure rather than a root cause.
     pub fn is_secondary(&self) -> bool {
         matches!(self, TaskFailure::Disconnected { .. } | TaskFailure::Cancelled { .. })

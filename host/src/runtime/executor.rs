@@ -40,6 +40,7 @@ use crate::runtime::input::{InputChannel, Inputs};
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{EdgeOutput, Output};
 use crate::runtime::participant::Participant;
+use crate::runtime::priority;
 use crate::runtime::sink::{SinkTask, SinkWriter};
 use crate::runtime::source::{SourceReader, SourceTask};
 use crate::runtime::task::{Faults, OperatorTask, Restore};
@@ -261,6 +262,7 @@ fn run_attempts(
     let user_cancel = opts.endpoint.as_ref().map(|e| e.cancel.clone());
     let original_path = restore.as_ref().map(|c| c.path.clone());
     let mut original_dropped = BTreeMap::new();
+    let mut demoted = false;
     // Checkpoints of this run have ids from here on; older ones on disk are another run's.
     let first_id = store.map_or(0, |s| s.max_id() + 1);
     loop {
@@ -310,10 +312,12 @@ fn run_attempts(
             restored_from,
             stopped_with,
         };
-        match run_attempt(job, opts, failures, restore.as_ref(), store, &completed, live, &dropped)? {
+        let nice = if demoted { priority::DEMOTED_NICE } else { 0 };
+        match run_attempt(job, opts, failures, restore.as_ref(), store, &completed, live, &dropped, nice)? {
             AttemptEnd::Done(nodes) => return Ok(summary(nodes, None)),
             AttemptEnd::Stopped(nodes, sp) => return Ok(summary(nodes, Some(sp))),
             AttemptEnd::Failed(cause) => {
+                demoted |= cause.is_cpu_limit();
                 if user_cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
                     return Err(RunError::Cancelled { job: g.name.clone() });
                 }
@@ -354,6 +358,7 @@ fn run_attempt(
     completed: &Arc<Completed>,
     live: &Live,
     dropped: &BTreeMap<usize, Vec<String>>,
+    nice: i32,
 ) -> Result<AttemptEnd, RunError> {
     let g = &job.graph;
     let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
@@ -649,6 +654,9 @@ fn run_attempt(
         let h = std::thread::Builder::new()
             .name(id.to_string())
             .spawn(move || {
+                if nice > 0 {
+                    priority::demote_current_thread(nice);
+                }
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match task {
                     Task::Source(t) => t.run(),
                     Task::Operator(make) => make().and_then(|t| t.run()),

@@ -9,6 +9,7 @@ pub mod message;
 pub mod metrics;
 pub mod output;
 pub mod participant;
+pub mod priority;
 pub mod restart;
 pub mod sink;
 pub mod source;
