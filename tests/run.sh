@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rustup target add wasm32-unknown-unknown >/dev/null
+rustup target add wasm32-unknown-unknown wasm32-wasip2 >/dev/null
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export RUST_BACKTRACE=0
 

@@ -51,6 +51,25 @@ pub fn guests() -> &'static Path {
     })
 }
 
+/// The WASI-importing test component (built for wasm32-wasip2, once per test run).
+pub fn wasi_component() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new(env!("CARGO"))
+            .args(["build", "--profile", "guest", "--target", "wasm32-wasip2", "-p", "test-wasi-fs"])
+            .current_dir(root())
+            .output()
+            .expect("running cargo to build the WASI test component");
+        assert!(
+            out.status.success(),
+            "building test-wasi-fs failed (is the target installed? `rustup target add wasm32-wasip2`):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        root().join("target/wasm32-wasip2/guest/test_wasi_fs.wasm")
+    })
+    .clone()
+}
+
 /// Path of the component built from crate `name` (e.g. `test_probe`).
 pub fn component(name: &str) -> PathBuf {
     guests().join(format!("{name}.wasm"))

@@ -1,23 +1,29 @@
-//! The routes of the control API, over the jobs this process runs.
+//! The routes of the control API, over the jobs this process runs — one job for `weir run`,
+//! many tenants' jobs for `weir serve`.
 //!
 //! ```text
-//! GET  /v1/jobs                                   every job's status
+//! GET  /v1/jobs                                   the caller's jobs' status
 //! GET  /v1/jobs/{job}                             one job's status
 //! GET  /v1/jobs/{job}/checkpoints                 its completed checkpoints' metrics
 //! POST /v1/jobs/{job}/savepoints   {"dir": D}     take a savepoint (D optional)
 //! POST /v1/jobs/{job}/stop         {"dir": D}     savepoint, commit, stop
 //! POST /v1/jobs/{job}/cancel                      cancel (nothing more is committed)
 //! POST /v1/jobs/{job}/operators/{uid}/upgrade     body: the new component's bytes
+//! server mode only:
+//! POST /v1/components                             body: a component; answers its sha256
+//! POST /v1/files?name=REL                         body: a file for the tenant's jobs to read
+//! POST /v1/jobs                                   body: a job file; answers the job id
 //! ```
 //!
-//! Every request needs `Authorization: Bearer <token>`. Invariant: a request never blocks
-//! the others (one thread per connection) and every failure is a JSON `{"error": ...}`
-//! naming the job, operator or file concerned.
+//! Every request needs `Authorization: Bearer <token>`, which says which tenant calls.
+//! Invariants: a request never blocks the others (one thread per connection); a tenant only
+//! ever sees its own jobs (another tenant's job id answers 404, like no job); every failure
+//! is a JSON `{"error": ...}` naming the job, operator, quota or file concerned.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,9 +31,12 @@ use serde::Deserialize;
 use wasmtime::Engine;
 
 use crate::api::http::{self, Response};
+use crate::api::tenants::{ServerConfig, Tenant, confined};
+use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::operator::OperatorFactory;
+use crate::runtime::executor::{self, RunOptions};
 use crate::runtime::handle::JobHandle;
-use crate::sandbox::instance::LoadedComponent;
+use crate::sandbox::instance::{LoadedComponent, sha256_hex};
 
 /// How long a savepoint, stop or upgrade may take before the API answers with a timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -41,11 +50,22 @@ pub struct ServedJob {
     pub checkpoint_root: Option<PathBuf>,
 }
 
+#[derive(Clone)]
+struct Entry {
+    tenant: String,
+    job: ServedJob,
+    /// Guest memory it may use: `memory_mb` x operator subtasks.
+    memory_mb: u64,
+}
+
 /// The shared state of the API.
 pub struct Api {
-    token: String,
+    tenants: Vec<Tenant>,
     engine: Engine,
-    jobs: Mutex<BTreeMap<String, ServedJob>>,
+    jobs: Mutex<BTreeMap<String, Entry>>,
+    /// Server mode: `<data_dir>`, under which each tenant has its directory.
+    data_dir: Option<PathBuf>,
+    next_id: AtomicU64,
 }
 
 /// A running API server.
@@ -77,15 +97,40 @@ struct SavepointBody {
     dir: Option<PathBuf>,
 }
 
+type Answer = Result<Response, Response>;
+
 impl Api {
-    /// An API guarded by `token`; uploaded components compile with `engine`.
+    /// The API of one `weir run`: one tenant (`local`) holding `token`; uploaded components
+    /// compile with `engine`.
     pub fn new(token: String, engine: Engine) -> Arc<Api> {
-        Arc::new(Api { token, engine, jobs: Mutex::new(BTreeMap::new()) })
+        Arc::new(Api {
+            tenants: vec![Tenant::local(token)],
+            engine,
+            jobs: Mutex::new(BTreeMap::new()),
+            data_dir: None,
+            next_id: AtomicU64::new(1),
+        })
     }
 
-    /// Serves `job` under `id`.
+    /// The API of `weir serve`: the tenants of `config`, their jobs on `engine`.
+    pub fn hosting(config: &ServerConfig, engine: Engine) -> std::io::Result<Arc<Api>> {
+        for t in &config.tenant {
+            std::fs::create_dir_all(config.data_dir.join(&t.name).join("components"))?;
+            std::fs::create_dir_all(config.data_dir.join(&t.name).join("files"))?;
+        }
+        Ok(Arc::new(Api {
+            tenants: config.tenant.clone(),
+            engine,
+            jobs: Mutex::new(BTreeMap::new()),
+            data_dir: Some(config.data_dir.clone()),
+            next_id: AtomicU64::new(1),
+        }))
+    }
+
+    /// Serves `job` under `id` (single-job mode: for the `local` tenant).
     pub fn add_job(&self, id: &str, job: ServedJob) {
-        self.jobs.lock().unwrap().insert(id.to_string(), job);
+        let e = Entry { tenant: self.tenants[0].name.clone(), job, memory_mb: 0 };
+        self.jobs.lock().unwrap().insert(id.to_string(), e);
     }
 
     /// Listens on `addr` (port 0: any free port) until the returned server is dropped.
@@ -119,23 +164,41 @@ impl Api {
         Ok(ApiServer { addr: local, api: self.clone(), stop, inflight })
     }
 
-    fn job(&self, id: &str) -> Result<ServedJob, Response> {
-        self.jobs.lock().unwrap().get(id).cloned().ok_or_else(|| Response::error(404, format!("no job `{id}` here")))
+    /// The caller's job `id` — 404 also when it is another tenant's.
+    fn job(&self, tenant: &Tenant, id: &str) -> Result<ServedJob, Response> {
+        self.jobs
+            .lock()
+            .unwrap()
+            .get(id)
+            .filter(|e| e.tenant == tenant.name)
+            .map(|e| e.job.clone())
+            .ok_or_else(|| Response::error(404, format!("no job `{id}` here")))
     }
 
     /// Answers one request.
     pub fn handle(&self, req: &http::Request) -> Response {
-        if req.token.as_deref() != Some(self.token.as_str()) {
+        let Some(tenant) = self.tenants.iter().find(|t| req.token.as_deref() == Some(t.token.as_str())) else {
             return Response::error(401, "missing or wrong bearer token");
-        }
+        };
         let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
         let r = match (req.method.as_str(), parts.as_slice()) {
             ("GET", ["v1", "jobs"]) => {
-                let jobs: Vec<_> = self.jobs.lock().unwrap().values().map(|j| j.handle.status()).collect();
+                let jobs: Vec<_> = self
+                    .jobs
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(_, e)| e.tenant == tenant.name)
+                    .map(|(id, e)| {
+                        let mut v = serde_json::to_value(e.job.handle.status()).unwrap_or_default();
+                        v["id"] = serde_json::Value::String(id.clone());
+                        v
+                    })
+                    .collect();
                 Ok(Response::ok(&jobs))
             }
-            ("GET", ["v1", "jobs", id]) => self.job(id).map(|j| Response::ok(&j.handle.status())),
-            ("GET", ["v1", "jobs", id, "checkpoints"]) => self.job(id).map(|j| {
+            ("GET", ["v1", "jobs", id]) => self.job(tenant, id).map(|j| Response::ok(&j.handle.status())),
+            ("GET", ["v1", "jobs", id, "checkpoints"]) => self.job(tenant, id).map(|j| {
                 let history = j
                     .checkpoint_root
                     .and_then(|r| std::fs::read(r.join("history.json")).ok())
@@ -143,24 +206,28 @@ impl Api {
                     .unwrap_or(serde_json::json!([]));
                 Response::ok(&history)
             }),
-            ("POST", ["v1", "jobs", id, op @ ("savepoints" | "stop")]) => self.job(id).and_then(|j| {
+            ("POST", ["v1", "jobs", id, op @ ("savepoints" | "stop")]) => self.job(tenant, id).and_then(|j| {
                 let body: SavepointBody = if req.body.is_empty() {
                     SavepointBody::default()
                 } else {
                     serde_json::from_slice(&req.body)
                         .map_err(|e| Response::error(400, format!("bad JSON body: {e}")))?
                 };
-                let stop = *op == "stop";
+                let dir = match (&self.data_dir, body.dir) {
+                    // Server mode: savepoints stay in the tenant's directory.
+                    (Some(_), Some(d)) => Some(self.tenant_path(tenant, &d)?),
+                    (_, d) => d,
+                };
                 j.handle
-                    .savepoint(body.dir, stop, REQUEST_TIMEOUT)
+                    .savepoint(dir, *op == "stop", REQUEST_TIMEOUT)
                     .map(|info| Response::ok(&info))
                     .map_err(|e| Response::error(409, format!("job `{id}`: {e}")))
             }),
-            ("POST", ["v1", "jobs", id, "cancel"]) => self.job(id).map(|j| {
+            ("POST", ["v1", "jobs", id, "cancel"]) => self.job(tenant, id).map(|j| {
                 j.handle.cancel();
                 Response::ok(&serde_json::json!({ "cancelled": id }))
             }),
-            ("POST", ["v1", "jobs", id, "operators", uid, "upgrade"]) => self.job(id).and_then(|j| {
+            ("POST", ["v1", "jobs", id, "operators", uid, "upgrade"]) => self.job(tenant, id).and_then(|j| {
                 let name = req.param("name").map(http::decode).unwrap_or_else(|| "uploaded component".into());
                 let lc = LoadedComponent::from_bytes(&self.engine, uid, Path::new(&name), &req.body)
                     .map_err(|e| Response::error(400, e.to_string()))?;
@@ -169,9 +236,195 @@ impl Api {
                     .map(|info| Response::ok(&info))
                     .map_err(|e| Response::error(409, format!("job `{id}`: {e}")))
             }),
+            ("POST", ["v1", "components"]) => self.upload_component(tenant, &req.body),
+            ("POST", ["v1", "files"]) => self.upload_file(tenant, req),
+            ("POST", ["v1", "jobs"]) => self.submit(tenant, &req.body),
             (_, ["v1", ..]) => Err(Response::error(404, format!("no route {} {}", req.method, req.path))),
             _ => Err(Response::error(404, format!("no route {} {} (the API lives under /v1)", req.method, req.path))),
         };
         r.unwrap_or_else(|e| e)
     }
+
+    fn hosting_dir(&self, tenant: &Tenant) -> Result<PathBuf, Response> {
+        self.data_dir
+            .as_ref()
+            .map(|d| d.join(&tenant.name))
+            .ok_or_else(|| Response::error(404, "this API serves one job; submitting needs `weir serve`"))
+    }
+
+    /// A path the tenant named, inside its files directory.
+    fn tenant_path(&self, tenant: &Tenant, rel: &Path) -> Result<PathBuf, Response> {
+        let files = self.hosting_dir(tenant)?.join("files");
+        let p = files.join(rel);
+        if rel.is_absolute() || !confined(&files, &p) {
+            return Err(Response::error(
+                400,
+                format!("{} is outside your directory; use a relative path without `..`", rel.display()),
+            ));
+        }
+        Ok(p)
+    }
+
+    fn upload_component(&self, tenant: &Tenant, bytes: &[u8]) -> Answer {
+        let dir = self.hosting_dir(tenant)?.join("components");
+        let sha = sha256_hex(bytes);
+        // Checked now (imports, world, describe), so a bad component is refused at upload.
+        let lc = LoadedComponent::from_bytes(&self.engine, "uploaded", Path::new("uploaded component"), bytes)
+            .map_err(|e| Response::error(400, e.to_string()))?;
+        crate::checkpoint::storage::write_atomic(&dir.join(format!("{sha}.wasm")), bytes)
+            .map_err(|e| Response::error(500, format!("storing the component: {e}")))?;
+        Ok(Response::ok(&serde_json::json!({
+            "sha256": sha, "component": format!("sha256:{sha}"), "name": lc.info.name, "version": lc.info.version
+        })))
+    }
+
+    fn upload_file(&self, tenant: &Tenant, req: &http::Request) -> Answer {
+        let name = req.param("name").map(http::decode).ok_or_else(|| Response::error(400, "missing ?name="))?;
+        let p = self.tenant_path(tenant, Path::new(&name))?;
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Response::error(500, e.to_string()))?;
+        }
+        crate::checkpoint::storage::write_atomic(&p, &req.body)
+            .map_err(|e| Response::error(500, format!("storing {name}: {e}")))?;
+        Ok(Response::ok(&serde_json::json!({ "stored": name, "bytes": req.body.len() })))
+    }
+
+    /// Checks a submitted job against the tenant's directory and quotas, then starts it.
+    fn submit(&self, tenant: &Tenant, body: &[u8]) -> Answer {
+        let root = self.hosting_dir(tenant)?;
+        let files = root.join("files");
+        let text = std::str::from_utf8(body).map_err(|_| Response::error(400, "the job file is not UTF-8"))?;
+        let text = resolve_components(text, &root.join("components")).map_err(|e| Response::error(400, e))?;
+        let text = text.as_str();
+        let id_n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Relative paths in the job resolve against the tenant's files directory.
+        let path = files.join(format!(".job-{id_n}.toml"));
+        std::fs::write(&path, text).map_err(|e| Response::error(500, e.to_string()))?;
+        let mut graph = crate::job::parse(&path, text).map_err(|e| Response::error(400, e.to_string()))?;
+        confine(&mut graph, &root).map_err(|e| Response::error(400, format!("job `{}`: {e}", graph.name)))?;
+        let bad = |m: String| Response::error(409, format!("job `{}` refused: {m}", graph.name));
+        if let Some(n) = graph.nodes.iter().find(|n| n.parallelism > tenant.max_parallelism) {
+            return Err(bad(format!(
+                "node `{}` has parallelism {}, above tenant `{}`'s quota of {} (max_parallelism)",
+                n.id, n.parallelism, tenant.name, tenant.max_parallelism
+            )));
+        }
+        let subtasks: u64 =
+            graph.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Operator(_))).map(|n| n.parallelism as u64).sum();
+        let memory_mb = subtasks * graph.limits.memory_mb;
+        let bound =
+            crate::job::bind::bind(&self.engine, graph.clone()).map_err(|e| Response::error(400, e.to_string()))?;
+        let id = format!("{}-{id_n}", graph.name);
+        let (handle, endpoint) = JobHandle::new(&graph.name);
+        {
+            // Quotas and the slot are checked and taken under one lock.
+            let mut jobs = self.jobs.lock().unwrap();
+            let running: Vec<&Entry> = jobs
+                .values()
+                .filter(|e| e.tenant == tenant.name && !e.job.handle.status().state.is_terminal())
+                .collect();
+            if running.len() as u32 >= tenant.max_jobs {
+                return Err(bad(format!(
+                    "tenant `{}` already runs {} job(s), its quota (max_jobs)",
+                    tenant.name, tenant.max_jobs
+                )));
+            }
+            if running.iter().any(|e| e.job.handle.status().name == graph.name) {
+                return Err(bad(format!(
+                    "a job named `{}` is already running; stop it or rename this one",
+                    graph.name
+                )));
+            }
+            let used: u64 = running.iter().map(|e| e.memory_mb).sum();
+            if used + memory_mb > tenant.max_memory_mb {
+                return Err(bad(format!(
+                    "it needs {memory_mb} MiB of guest memory ({subtasks} operator subtasks x memory_mb = {}), and \
+                     tenant `{}` has {} of {} MiB left (max_memory_mb)",
+                    graph.limits.memory_mb,
+                    tenant.name,
+                    tenant.max_memory_mb.saturating_sub(used),
+                    tenant.max_memory_mb
+                )));
+            }
+            let checkpoint_root = graph.checkpoint.as_ref().map(|c| c.dir.join(&graph.name));
+            jobs.insert(
+                id.clone(),
+                Entry { tenant: tenant.name.clone(), job: ServedJob { handle, checkpoint_root }, memory_mb },
+            );
+        }
+        std::thread::Builder::new()
+            .name(format!("job-{id}"))
+            .spawn(move || {
+                let opts = RunOptions { quiet_guests: true, endpoint: Some(endpoint), ..Default::default() };
+                if let Err(e) = executor::run(&bound, &opts) {
+                    eprintln!("{e}");
+                }
+            })
+            .map_err(|e| Response::error(500, format!("cannot start job: {e}")))?;
+        Ok(Response::ok(&serde_json::json!({ "id": id })))
+    }
+}
+
+/// Server mode: every path a job uses must lie in its tenant's directory, components must be
+/// uploaded ones (`sha256:<digest>`), and there is no stdin or stdout to share.
+fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
+    let files = root.join("files");
+    let inside = |p: &Path, what: &str| {
+        if confined(&files, p) {
+            Ok(())
+        } else {
+            Err(format!("{what} {} is outside your directory; use a relative path without `..`", p.display()))
+        }
+    };
+    if let Some(c) = &graph.checkpoint {
+        inside(&c.dir, "checkpoint dir")?;
+    }
+    for n in &mut graph.nodes {
+        match &mut n.kind {
+            NodeKind::Source(SourceKind::File { path, .. }) => inside(path, &format!("source `{}` path", n.id))?,
+            NodeKind::Source(SourceKind::Stdin) => {
+                return Err(format!("source `{}`: a server has no stdin to give; upload a file", n.id));
+            }
+            NodeKind::Source(SourceKind::Generator(_)) => {}
+            NodeKind::Sink(SinkKind::File { path, .. }) => inside(path, &format!("sink `{}` path", n.id))?,
+            NodeKind::Sink(SinkKind::Stdout { .. }) => {
+                return Err(format!("sink `{}`: a server's stdout is shared; use a file sink", n.id));
+            }
+            NodeKind::Sink(SinkKind::Blackhole) => {}
+            NodeKind::Operator(op) => {
+                if !confined(&root.join("components"), &op.component) {
+                    return Err(format!("operator `{}`: its component is not one you uploaded", n.id));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rewrites every operator's `component = "sha256:<digest>"` (what POST /v1/components
+/// answered) to the tenant's stored component, in place so error lines still match what the
+/// tenant sent; anything else is refused.
+fn resolve_components(text: &str, components: &Path) -> Result<String, String> {
+    let doc: toml::Table = text.parse().map_err(|e| format!("the job file is not valid TOML: {e}"))?;
+    let mut out = text.to_string();
+    if let Some(ops) = doc.get("operator").and_then(|o| o.as_array()) {
+        for op in ops {
+            let Some(t) = op.as_table() else { continue };
+            let id = t.get("id").and_then(|v| v.as_str()).unwrap_or("?").to_string();
+            let Some(c) = t.get("component").and_then(|c| c.as_str()) else { continue };
+            let Some(sha) = c.strip_prefix("sha256:") else {
+                return Err(format!(
+                    "operator `{id}`: name its component as `sha256:<digest>`, as POST /v1/components answered \
+                     (`weir submit` does this for you)"
+                ));
+            };
+            let p = components.join(format!("{sha}.wasm"));
+            if sha.is_empty() || !sha.chars().all(|c| c.is_ascii_hexdigit()) || !p.exists() {
+                return Err(format!("operator `{id}`: no uploaded component sha256:{sha}; upload it first"));
+            }
+            let path = format!("{:?}", p.display().to_string());
+            out = out.replace(&format!("\"{c}\""), &path).replace(&format!("'{c}'"), &path);
+        }
+    }
+    Ok(out)
 }

@@ -108,6 +108,18 @@ enum Command {
     },
     /// List running jobs.
     List,
+    /// Host many tenants' jobs behind one HTTP API (see README, "Server mode").
+    Serve {
+        /// The server configuration (listen address, data directory, tenants and quotas).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Submit a job to a server (`--server URL --token T`): uploads its components and input
+    /// files, then starts it; prints the job id.
+    Submit {
+        /// The job file.
+        job: PathBuf,
+    },
     /// List or inspect checkpoints.
     Checkpoints {
         #[command(subcommand)]
@@ -225,6 +237,56 @@ fn real_main(cli: Cli) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(())
         }
+        Command::Serve { config } => {
+            let cfg = weir::api::tenants::ServerConfig::load(&config).map_err(anyhow::Error::msg)?;
+            let engine =
+                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
+            let api = Api::hosting(&cfg, engine)
+                .with_context(|| format!("preparing the data directory {}", cfg.data_dir.display()))?;
+            let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
+            eprintln!(
+                "weir serving {} tenant(s) at http://{} (data in {})",
+                cfg.tenant.len(),
+                server.addr,
+                cfg.data_dir.display()
+            );
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        Command::Submit { job } => {
+            let Some((url, token)) = &cli_server else {
+                anyhow::bail!("`weir submit` needs --server URL --token T (a `weir serve` to submit to)");
+            };
+            let c = Client::new(url, token);
+            let text = std::fs::read_to_string(&job).with_context(|| format!("cannot read {}", job.display()))?;
+            let mut doc: toml::Table = text.parse().with_context(|| format!("{} is not valid TOML", job.display()))?;
+            let dir = job.parent().unwrap_or(std::path::Path::new(".")).to_path_buf();
+            if let Some(ops) = doc.get_mut("operator").and_then(|o| o.as_array_mut()) {
+                for op in ops {
+                    let Some(comp) = op.get("component").and_then(|c| c.as_str()).map(str::to_string) else { continue };
+                    let bytes = std::fs::read(dir.join(&comp))
+                        .with_context(|| format!("cannot read component {}", dir.join(&comp).display()))?;
+                    let v = c.call("POST", "/v1/components", &bytes)?;
+                    let id = v["component"].as_str().unwrap_or_default().to_string();
+                    op.as_table_mut().unwrap().insert("component".into(), toml::Value::String(id));
+                }
+            }
+            if let Some(srcs) = doc.get("source").and_then(|s| s.as_array()) {
+                for s in srcs {
+                    if s.get("type").and_then(|t| t.as_str()) == Some("file")
+                        && let Some(p) = s.get("path").and_then(|p| p.as_str())
+                    {
+                        let bytes = std::fs::read(dir.join(p))
+                            .with_context(|| format!("cannot read input {}", dir.join(p).display()))?;
+                        c.call("POST", &format!("/v1/files?name={}", weir::api::http::encode(p)), &bytes)?;
+                    }
+                }
+            }
+            let v = c.call("POST", "/v1/jobs", toml::to_string(&doc)?.as_bytes())?;
+            println!("{}", v["id"].as_str().unwrap_or("?"));
+            Ok(())
+        }
         Command::List => {
             let mut rows = Vec::new();
             match &cli_server {
@@ -259,7 +321,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     .unwrap_or_default();
                 println!(
                     "{:<20} {:<10} attempts {}  checkpoints {}  {}",
-                    v["name"].as_str().unwrap_or("?"),
+                    v["id"].as_str().or(v["name"].as_str()).unwrap_or("?"),
                     v["state"].as_str().unwrap_or("?"),
                     v["attempts"],
                     v["checkpoints"],

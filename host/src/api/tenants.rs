@@ -1,0 +1,150 @@
+//! Server mode's tenants (`weir serve --config server.toml`): who may call the API (a bearer
+//! token per tenant), what each may use (quotas), and where its files live.
+//!
+//! ```toml
+//! listen = "127.0.0.1:8080"
+//! data_dir = "weir-data"        # <data_dir>/<tenant>/{components,files}
+//!
+//! [[tenant]]
+//! name = "acme"
+//! token = "a-long-random-secret"
+//! max_jobs = 4                  # running at once
+//! max_memory_mb = 2048          # sum of memory_mb x operator subtasks over running jobs
+//! max_parallelism = 8           # of any node
+//! ```
+//!
+//! Invariants: a tenant's jobs only read and write under `<data_dir>/<tenant>/` (every path
+//! of a submitted job is checked after parsing, before anything runs); a tenant sees only its
+//! own jobs — another tenant's job id is answered like a job that does not exist.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+
+/// One tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    /// Name (a directory name: letters, digits, `-`, `_`).
+    pub name: String,
+    /// Bearer token.
+    pub token: String,
+    /// Jobs running at once.
+    #[serde(default = "default_max_jobs")]
+    pub max_jobs: u32,
+    /// Guest memory over its running jobs: `memory_mb` x operator subtasks, summed.
+    #[serde(default = "default_max_memory_mb")]
+    pub max_memory_mb: u64,
+    /// Parallelism of any node.
+    #[serde(default = "default_max_parallelism")]
+    pub max_parallelism: u32,
+}
+
+fn default_max_jobs() -> u32 {
+    4
+}
+fn default_max_memory_mb() -> u64 {
+    4096
+}
+fn default_max_parallelism() -> u32 {
+    8
+}
+
+impl Tenant {
+    /// The one tenant of a single-job API (`weir run`): no quotas to speak of.
+    pub fn local(token: String) -> Self {
+        Tenant { name: "local".into(), token, max_jobs: u32::MAX, max_memory_mb: u64::MAX, max_parallelism: u32::MAX }
+    }
+}
+
+/// `server.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Root of every tenant's directory.
+    pub data_dir: PathBuf,
+    /// The tenants.
+    #[serde(default)]
+    pub tenant: Vec<Tenant>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+
+impl ServerConfig {
+    /// Parses and checks `server.toml` (relative `data_dir` against the file's directory).
+    pub fn load(path: &Path) -> Result<ServerConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut c: ServerConfig = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if c.data_dir.is_relative() {
+            c.data_dir = path.parent().unwrap_or(Path::new(".")).join(&c.data_dir);
+        }
+        c.check().map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(c)
+    }
+
+    /// Names are directory names and unique, tokens long and unique.
+    pub fn check(&self) -> Result<(), String> {
+        if self.tenant.is_empty() {
+            return Err("no [[tenant]]: nobody could use this server".into());
+        }
+        for (i, t) in self.tenant.iter().enumerate() {
+            if t.name.is_empty() || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                return Err(format!("tenant name `{}` must be letters, digits, `-` or `_`", t.name));
+            }
+            if t.token.len() < 16 {
+                return Err(format!("tenant `{}`: the token must be at least 16 characters", t.name));
+            }
+            if let Some(o) = self.tenant[..i].iter().find(|o| o.name == t.name || o.token == t.token) {
+                return Err(format!("tenants `{}` and `{}` share a name or a token", o.name, t.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `p` lies inside `root`, judged lexically (a `..` anywhere is refused outright, so
+/// no symlink-free normalization is needed to be sure).
+pub fn confined(root: &Path, p: &Path) -> bool {
+    !p.components().any(|c| matches!(c, Component::ParentDir)) && p.starts_with(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_inside_the_tenant_directory() {
+        let root = Path::new("/data/acme/files");
+        assert!(confined(root, Path::new("/data/acme/files/out")));
+        assert!(!confined(root, Path::new("/data/acme/files/../../other/files/out")));
+        assert!(!confined(root, Path::new("/data/other/files/out")));
+        assert!(!confined(root, Path::new("/etc/passwd")));
+    }
+
+    #[test]
+    fn config_checks_names_and_tokens() {
+        let c = |name: &str, token: &str| ServerConfig {
+            listen: default_listen(),
+            data_dir: "/d".into(),
+            tenant: vec![
+                Tenant {
+                    name: "a".into(),
+                    token: "0123456789abcdef".into(),
+                    max_jobs: 1,
+                    max_memory_mb: 1,
+                    max_parallelism: 1,
+                },
+                Tenant { name: name.into(), token: token.into(), max_jobs: 1, max_memory_mb: 1, max_parallelism: 1 },
+            ],
+        };
+        assert!(c("b", "fedcba9876543210").check().is_ok());
+        assert!(c("a", "fedcba9876543210").check().unwrap_err().contains("share a name or a token"));
+        assert!(c("b", "short").check().unwrap_err().contains("at least 16"));
+        assert!(c("../b", "fedcba9876543210").check().unwrap_err().contains("letters, digits"));
+    }
+}
