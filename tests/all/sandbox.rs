@@ -13,7 +13,8 @@ use weir::runtime::executor::{self, RunOptions};
 
 use crate::support::{committed_lines, component, scratch, toml_path};
 
-const LIMITS: &str = "[limits]\nmemory_mb = 32\ncall_timeout_ms = 200\nmax_emit_mb = 4\nmax_snapshot_mb = 1\n";
+const LIMITS: &str =
+    "[limits]\nmemory_mb = 32\ncall_timeout_ms = 200\nmax_emit_mb = 4\nmax_snapshot_mb = 1\nmax_state_value_mb = 2\n";
 
 fn hostile_job(mode: &str) -> String {
     format!(
@@ -71,6 +72,7 @@ fn sandbox_hostile_guests_get_their_documented_error_while_a_good_job_completes(
         ("recurse-frames", "out of bounds memory access (a Rust or C guest also gets this when its shadow stack"),
         ("flood", "emitted more than 4194304 bytes in one call (limit max_emit_mb)"),
         ("huge-snapshot", "exceeded its snapshot size limit"),
+        ("huge-value", "exceeded its state value limit: a value of"),
         ("trap-snapshot", "guest trapped in `snapshot`"),
         ("poison-restore", "guest trapped in `restore`"),
         ("bad-timer", "timer for key group 9999, outside this subtask's key groups"),

@@ -73,6 +73,23 @@ pub fn decode(blob: &[u8]) -> Result<Vec<NamedState>, LayoutError> {
     Ok(out)
 }
 
+/// The longest value in a blob, without decoding it (lengths are walked, nothing is copied).
+pub fn max_value_len(blob: &[u8]) -> Result<usize, LayoutError> {
+    if blob.is_empty() {
+        return Ok(0);
+    }
+    let mut c = Cursor { buf: blob, pos: 0 };
+    let mut max = 0;
+    for _ in 0..c.u32("state count")? {
+        c.chunk("state name")?;
+        for _ in 0..c.u32("entry count")? {
+            c.chunk("entry key")?;
+            max = max.max(c.chunk("entry value")?.len());
+        }
+    }
+    Ok(max)
+}
+
 /// Encodes states; no states encode as an empty blob.
 pub fn encode(states: &[NamedState]) -> Vec<u8> {
     if states.is_empty() {
@@ -129,6 +146,17 @@ mod tests {
                 prop_assert!(decode(&b[..cut]).is_err());
             }
         }
+    }
+
+    #[test]
+    fn max_value_len_walks_every_entry() {
+        let s = vec![
+            NamedState { name: "a".into(), entries: vec![(vec![1], vec![0; 3]), (vec![], vec![0; 9])] },
+            NamedState { name: "b".into(), entries: vec![(vec![], vec![0; 5])] },
+        ];
+        assert_eq!(max_value_len(&encode(&s)).unwrap(), 9);
+        assert_eq!(max_value_len(&[]).unwrap(), 0);
+        assert!(max_value_len(&encode(&s)[..7]).is_err());
     }
 
     #[test]

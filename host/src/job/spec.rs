@@ -48,6 +48,9 @@ pub struct LimitsSpec {
     /// Bytes one snapshot may return, MiB.
     #[serde(default)]
     pub max_snapshot_mb: Option<u64>,
+    /// Bytes of one state value, MiB.
+    #[serde(default)]
+    pub max_state_value_mb: Option<u64>,
 }
 
 /// `[job]`

@@ -479,7 +479,26 @@ impl OperatorInstance {
         let r = call!(self, "snapshot", call_snapshot, checkpoint, mode)?;
         let snap = r.map_err(|message| GuestError::Failed { call: "snapshot", message })?;
         let bytes = snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + snap.operator_state.len() as u64;
-        let max = self.store.data().limits.max_snapshot_bytes();
+        let limits = self.store.data().limits;
+        let max_value = (limits.max_state_value_mb << 20) as usize;
+        for blob in snap.keyed.iter().map(|k| &k.data[..]).chain([&snap.operator_state[..]]) {
+            let longest = crate::checkpoint::layout::max_value_len(blob).map_err(|e| GuestError::Failed {
+                call: "snapshot",
+                message: format!("the snapshot does not follow the state layout: {e}"),
+            })?;
+            if longest > max_value {
+                return Err(GuestError::Trap {
+                    call: "snapshot",
+                    message: format!(
+                        "exceeded its state value limit: a value of {longest} bytes > max_state_value_mb = {} MiB \
+                         ([limits] in the job file)",
+                        limits.max_state_value_mb
+                    ),
+                    detail: None,
+                });
+            }
+        }
+        let max = limits.max_snapshot_bytes();
         if bytes > max {
             return Err(GuestError::Trap {
                 call: "snapshot",

@@ -5,7 +5,8 @@
 //! thread advances the engine's epoch every [`TICK`], and each call may run for
 //! `call_timeout_ms` worth of ticks); linear memory, tables and instances are capped by a
 //! `StoreLimits`, and growing past the cap traps (rather than making `memory.grow` fail
-//! quietly); output per call and snapshot size are checked by the host. A breach traps the
+//! quietly); output per call, snapshot size and the size of every state value are checked by
+//! the host. A breach traps the
 //! instance with an error that names the limit and its value; the instance is then dropped.
 
 use std::time::Duration;
@@ -26,15 +27,28 @@ pub struct Limits {
     pub max_emit_mb: u64,
     /// Bytes one `snapshot` may return, MiB.
     pub max_snapshot_mb: u64,
+    /// Bytes of one state value (one key's value, list or map; one operator-state entry), MiB.
+    pub max_state_value_mb: u64,
 }
 
 /// The host-wide ceilings a job's limits must stay under.
-pub const CEILING: Limits =
-    Limits { memory_mb: 4096, call_timeout_ms: 60_000, max_emit_mb: 1024, max_snapshot_mb: 8192 };
+pub const CEILING: Limits = Limits {
+    memory_mb: 4096,
+    call_timeout_ms: 60_000,
+    max_emit_mb: 1024,
+    max_snapshot_mb: 8192,
+    max_state_value_mb: 1024,
+};
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory_mb: 512, call_timeout_ms: 10_000, max_emit_mb: 256, max_snapshot_mb: 2048 }
+        Limits {
+            memory_mb: 512,
+            call_timeout_ms: 10_000,
+            max_emit_mb: 256,
+            max_snapshot_mb: 2048,
+            max_state_value_mb: 64,
+        }
     }
 }
 
@@ -46,6 +60,7 @@ impl Limits {
             ("call_timeout_ms", self.call_timeout_ms, ceiling.call_timeout_ms),
             ("max_emit_mb", self.max_emit_mb, ceiling.max_emit_mb),
             ("max_snapshot_mb", self.max_snapshot_mb, ceiling.max_snapshot_mb),
+            ("max_state_value_mb", self.max_state_value_mb, ceiling.max_state_value_mb),
         ]
         .into_iter()
         .find(|(_, v, c)| v > c)

@@ -9,6 +9,7 @@
 //! | `recurse-frames` | recurses without end, 256-byte frames | the end of its shadow stack in linear memory |
 //! | `flood` | emits 256 KiB values without end in one call | the output limit (`max_emit_mb`) |
 //! | `huge-snapshot` | keeps 256 KiB of keyed state per key | the snapshot limit (`max_snapshot_mb`) |
+//! | `huge-value` | keeps a 3 MiB value for one key | the state value limit (`max_state_value_mb`) |
 //! | `trap-snapshot` | keeps state whose serialization panics | a trap in `snapshot` |
 //! | `poison-restore` | keeps state whose deserialization panics, then panics at value 400 | a trap in `restore` on every restart |
 //! | `bad-timer` | registers a timer for a key group it does not own | the host's import checks |
@@ -107,6 +108,12 @@ impl Operator for Hostile {
                 ctx.emit(rec.key, &[7u8; 256 << 10]);
             },
             "huge-snapshot" => self.blob.set(ctx, vec![1u8; 256 << 10]),
+            "huge-value" => {
+                if self.hoard.is_empty() {
+                    self.blob.set(ctx, vec![1u8; 3 << 20]);
+                    self.hoard.push(Vec::new());
+                }
+            }
             "trap-snapshot" => self.bomb.set(ctx, Bomb),
             "poison-restore" => {
                 self.poison.set(ctx, Poison(1));
