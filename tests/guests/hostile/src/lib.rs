@@ -108,11 +108,9 @@ impl Operator for Hostile {
                 ctx.emit(rec.key, &[7u8; 256 << 10]);
             },
             "huge-snapshot" => self.blob.set(ctx, vec![1u8; 256 << 10]),
-            "huge-value" => {
-                if self.hoard.is_empty() {
-                    self.blob.set(ctx, vec![1u8; 3 << 20]);
-                    self.hoard.push(Vec::new());
-                }
+            "huge-value" if self.hoard.is_empty() => {
+                self.blob.set(ctx, vec![1u8; 3 << 20]);
+                self.hoard.push(Vec::new());
             }
             "trap-snapshot" => self.bomb.set(ctx, Bomb),
             "poison-restore" => {
