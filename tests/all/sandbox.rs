@@ -244,6 +244,7 @@ mod server {
             oracle_job("second", &oracle, 1, "[limits]\nmemory_mb = 64\n").replace("rate = 10000", "rate = 2000");
         let (s, v) = call(&addr, "POST", "/v1/jobs", ACME, second.as_bytes());
         assert_eq!(s, 200, "{v}");
+        let second_id = v["id"].as_str().unwrap().to_string();
         let third = oracle_job("third", &oracle, 1, "[limits]\nmemory_mb = 64\n");
         let (s, v) = call(&addr, "POST", "/v1/jobs", ACME, third.as_bytes());
         assert!(s == 409 && v["error"].as_str().unwrap().contains("max_jobs"), "{v}");
@@ -255,6 +256,19 @@ mod server {
         assert!(committed_lines(&d.path().join("data/acme/files/good-out")) == expected, "acme's output is exact");
         let (_, list) = call(&addr, "GET", "/v1/jobs", ACME, b"");
         assert_eq!(list.as_array().unwrap().len(), 2, "acme sees its two jobs: {list}");
+
+        // Stop the second job with a savepoint in acme's directory and resume it from there.
+        let (s, v) = call(&addr, "POST", &format!("/v1/jobs/{second_id}/stop"), ACME, br#"{"dir": "sp/second"}"#);
+        assert_eq!(s, 200, "{v}");
+        assert!(d.path().join("data/acme/files/sp/second/_metadata").exists(), "{v}");
+        let (s, v) = call(&addr, "POST", "/v1/jobs?restore=../../evil/files/x", ACME, second.as_bytes());
+        assert!(s == 400 && v["error"].as_str().unwrap().contains("outside your directory"), "{v}");
+        let (s, v) = call(&addr, "POST", "/v1/jobs?restore=sp/missing", ACME, second.as_bytes());
+        assert!(s == 409 && v["error"].as_str().unwrap().contains("cannot restore"), "refused before it starts: {v}");
+        let (s, v) = call(&addr, "POST", "/v1/jobs?restore=sp/second", ACME, second.as_bytes());
+        assert_eq!(s, 200, "{v}");
+        wait_state(&addr, ACME, v["id"].as_str().unwrap(), "FINISHED");
+        assert!(committed_lines(&d.path().join("data/acme/files/second-out")) == expected, "resumed exactly once");
     }
 }
 

@@ -34,7 +34,7 @@ use crate::api::http::{self, Response};
 use crate::api::tenants::{ServerConfig, Tenant, confined};
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::operator::OperatorFactory;
-use crate::runtime::executor::{self, RunOptions};
+use crate::runtime::executor::{self, RestoreFrom, RunOptions};
 use crate::runtime::handle::JobHandle;
 use crate::sandbox::instance::{LoadedComponent, sha256_hex};
 
@@ -238,7 +238,7 @@ impl Api {
             }),
             ("POST", ["v1", "components"]) => self.upload_component(tenant, &req.body),
             ("POST", ["v1", "files"]) => self.upload_file(tenant, req),
-            ("POST", ["v1", "jobs"]) => self.submit(tenant, &req.body),
+            ("POST", ["v1", "jobs"]) => self.submit(tenant, req),
             (_, ["v1", ..]) => Err(Response::error(404, format!("no route {} {}", req.method, req.path))),
             _ => Err(Response::error(404, format!("no route {} {} (the API lives under /v1)", req.method, req.path))),
         };
@@ -290,8 +290,16 @@ impl Api {
     }
 
     /// Checks a submitted job against the tenant's directory and quotas, then starts it.
-    fn submit(&self, tenant: &Tenant, body: &[u8]) -> Answer {
+    fn submit(&self, tenant: &Tenant, req: &http::Request) -> Answer {
+        let body = &req.body[..];
         let root = self.hosting_dir(tenant)?;
+        // `?restore=latest` or `?restore=<savepoint dir in your files>`.
+        let restore = match req.param("restore").map(http::decode) {
+            None => None,
+            Some(r) if r == "latest" => Some(RestoreFrom::Latest),
+            Some(r) => Some(RestoreFrom::Path(self.tenant_path(tenant, Path::new(&r))?)),
+        };
+        let allow_non_restored_state = req.param("allow_non_restored_state") == Some("true");
         let files = root.join("files");
         let text = std::str::from_utf8(body).map_err(|_| Response::error(400, "the job file is not UTF-8"))?;
         let text = resolve_components(text, &root.join("components")).map_err(|e| Response::error(400, e))?;
@@ -314,6 +322,9 @@ impl Api {
         let memory_mb = subtasks * graph.limits.memory_mb;
         let bound =
             crate::job::bind::bind(&self.engine, graph.clone()).map_err(|e| Response::error(400, e.to_string()))?;
+        let opts = RunOptions { quiet_guests: true, restore, allow_non_restored_state, ..Default::default() };
+        // Refused before it starts: a savepoint its components cannot take over, and so on.
+        executor::preflight(&bound, &opts).map_err(|e| Response::error(409, e.to_string()))?;
         let id = format!("{}-{id_n}", graph.name);
         let (handle, endpoint) = JobHandle::new(&graph.name);
         {
@@ -355,7 +366,7 @@ impl Api {
         std::thread::Builder::new()
             .name(format!("job-{id}"))
             .spawn(move || {
-                let opts = RunOptions { quiet_guests: true, endpoint: Some(endpoint), ..Default::default() };
+                let opts = RunOptions { endpoint: Some(endpoint), ..opts };
                 if let Err(e) = executor::run(&bound, &opts) {
                     eprintln!("{e}");
                 }

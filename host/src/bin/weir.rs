@@ -119,6 +119,13 @@ enum Command {
     Submit {
         /// The job file.
         job: PathBuf,
+        /// Resume from `latest` (the job's newest checkpoint on the server) or a savepoint
+        /// directory (relative to your files on the server).
+        #[arg(long, value_name = "latest|DIR")]
+        restore: Option<String>,
+        /// Drop restored state that no operator claims.
+        #[arg(long)]
+        allow_non_restored_state: bool,
     },
     /// List or inspect checkpoints.
     Checkpoints {
@@ -254,7 +261,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 std::thread::sleep(Duration::from_secs(3600));
             }
         }
-        Command::Submit { job } => {
+        Command::Submit { job, restore, allow_non_restored_state } => {
             let Some((url, token)) = &cli_server else {
                 anyhow::bail!("`weir submit` needs --server URL --token T (a `weir serve` to submit to)");
             };
@@ -283,7 +290,15 @@ fn real_main(cli: Cli) -> Result<()> {
                     }
                 }
             }
-            let v = c.call("POST", "/v1/jobs", toml::to_string(&doc)?.as_bytes())?;
+            let mut query = Vec::new();
+            if let Some(r) = &restore {
+                query.push(format!("restore={}", weir::api::http::encode(r)));
+            }
+            if allow_non_restored_state {
+                query.push("allow_non_restored_state=true".to_string());
+            }
+            let path = if query.is_empty() { "/v1/jobs".to_string() } else { format!("/v1/jobs?{}", query.join("&")) };
+            let v = c.call("POST", &path, toml::to_string(&doc)?.as_bytes())?;
             println!("{}", v["id"].as_str().unwrap_or("?"));
             Ok(())
         }

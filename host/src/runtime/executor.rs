@@ -207,25 +207,15 @@ fn resolve_components(
 pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
     let g = &job.graph;
     let started = Instant::now();
-    let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
     let store = g.checkpoint.as_ref().map(|c| CheckpointStore::new(&c.dir, &g.name));
-    let warn = |e: &storage::CheckpointError| eprintln!("warning: skipping {e}");
-    let restore = match &opts.restore {
-        None => None,
-        Some(RestoreFrom::Latest) => {
-            let s = store.as_ref().ok_or_else(|| {
-                setup(
-                    "--restore latest needs checkpointing: add [checkpoint] interval_ms and dir to the job file".into(),
-                )
-            })?;
-            Some(s.latest(warn).ok_or_else(|| {
-                setup(format!(
-                    "no complete checkpoint in {} to restore; run without --restore to start fresh",
-                    s.root().display()
-                ))
-            })?)
+    let restore = match load_restore(job, opts, store.as_ref()) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(ep) = &opts.endpoint {
+                ep.status.lock().unwrap().state = JobState::Failed { cause: e.to_string() };
+            }
+            return Err(e);
         }
-        Some(RestoreFrom::Path(p)) => Some(storage::load(p).map_err(|e| setup(format!("cannot restore: {e}")))?),
     };
     let restored_from = restore.as_ref().map(|c| c.manifest.checkpoint_id);
     let live: Live = Arc::default();
@@ -244,6 +234,58 @@ pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
         Err(e) => set_state(JobState::Failed { cause: e.to_string() }),
     }
     result
+}
+
+/// Everything `run` refuses before any task starts — the restore source cannot be loaded, a
+/// component cannot take over its state, the state cannot be mapped onto the job — checked
+/// without running anything (the server answers a submission with it).
+pub fn preflight(job: &BoundJob, opts: &RunOptions) -> Result<(), RunError> {
+    let g = &job.graph;
+    let store = g.checkpoint.as_ref().map(|c| CheckpointStore::new(&c.dir, &g.name));
+    let Some(chk) = load_restore(job, opts, store.as_ref())? else { return Ok(()) };
+    let live: Live = Arc::default();
+    let dropped = resolve_components(job, Some(&chk), opts.allow_non_restored_state, &live)
+        .map_err(|e| RunError::Incompatible { job: g.name.clone(), message: e })?;
+    let components = live.lock().unwrap().clone();
+    let redistribution = |node: usize, state: &str| {
+        components
+            .get(&node)
+            .and_then(|(f, _)| f.info().states.iter().find(|s| s.name == state).map(|s| s.redistribution))
+            .unwrap_or(Redistribution::None)
+    };
+    recovery::plan(&chk, g, &redistribution, &dropped, opts.allow_non_restored_state).map_err(|e| RunError::Setup {
+        job: g.name.clone(),
+        message: format!("cannot restore {}: {e}", chk.path.display()),
+    })?;
+    Ok(())
+}
+
+/// The checkpoint or savepoint `opts` says to restore, loaded and verified.
+fn load_restore(
+    job: &BoundJob,
+    opts: &RunOptions,
+    store: Option<&CheckpointStore>,
+) -> Result<Option<LoadedCheckpoint>, RunError> {
+    let g = &job.graph;
+    let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
+    let warn = |e: &storage::CheckpointError| eprintln!("warning: skipping {e}");
+    Ok(match &opts.restore {
+        None => None,
+        Some(RestoreFrom::Latest) => {
+            let s = store.as_ref().ok_or_else(|| {
+                setup(
+                    "--restore latest needs checkpointing: add [checkpoint] interval_ms and dir to the job file".into(),
+                )
+            })?;
+            Some(s.latest(warn).ok_or_else(|| {
+                setup(format!(
+                    "no complete checkpoint in {} to restore; run without --restore to start fresh",
+                    s.root().display()
+                ))
+            })?)
+        }
+        Some(RestoreFrom::Path(p)) => Some(storage::load(p).map_err(|e| setup(format!("cannot restore: {e}")))?),
+    })
 }
 
 fn run_attempts(
