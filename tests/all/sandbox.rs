@@ -160,6 +160,7 @@ mod server {
             max_jobs: 2,
             max_memory_mb: 512,
             max_parallelism: 4,
+            max_subtasks: 12,
         };
         let cfg = ServerConfig {
             listen: "127.0.0.1:0".into(),
@@ -219,6 +220,20 @@ mod server {
         let abs = oracle_job("abs", &hostile, 1, "").replace("path = \"abs-out\"", "path = \"/tmp/weir-escape\"");
         let (s, v) = call(&addr, "POST", "/v1/jobs", EVIL, abs.as_bytes());
         assert!(s == 400 && v["error"].as_str().unwrap().contains("outside your directory"), "{v}");
+        // Probing for another tenant's files answers the same whether they exist or not.
+        let probe = |p: &str| {
+            let job = oracle_job("probe", &hostile, 1, "").replace(
+                "[[operator]]",
+                &format!("[[source]]\nid = \"f\"\ntype = \"file\"\npath = \"{p}\"\n[[operator]]"),
+            );
+            call(&addr, "POST", "/v1/jobs", EVIL, job.as_bytes())
+        };
+        let (s1, v1) = probe("../../acme/files/.job-1.toml");
+        let (s2, v2) = probe("../../acme/files/no-such-file");
+        for (s, v) in [(s1, &v1), (s2, &v2)] {
+            assert!(s == 400 && v["error"].as_str().unwrap().contains("outside your directory"), "{v}");
+        }
+        assert!(!v1.to_string().contains(&d.path().display().to_string()), "no server paths in errors: {v1}");
         let theirs = oracle_job("theirs", &oracle, 1, "");
         let (s, v) = call(&addr, "POST", "/v1/jobs", EVIL, theirs.as_bytes());
         assert!(s == 400 && v["error"].as_str().unwrap().contains("no uploaded component"), "{v}");
@@ -240,6 +255,11 @@ mod server {
         let too_big = oracle_job("big", &oracle, 2, "[limits]\nmemory_mb = 256\n");
         let (s, v) = call(&addr, "POST", "/v1/jobs", ACME, too_big.as_bytes());
         assert!(s == 409 && v["error"].as_str().unwrap().contains("max_memory_mb"), "{v}");
+        // Threads count too: threads beyond acme's 12 subtasks (`good` runs 4, this one 9).
+        let many = oracle_job("many", &oracle, 4, "[limits]\nmemory_mb = 1\n")
+            .replace("id = \"gen\"\ntype = \"generator\"", "id = \"gen\"\nparallelism = 4\ntype = \"generator\"");
+        let (s, v) = call(&addr, "POST", "/v1/jobs", ACME, many.as_bytes());
+        assert!(s == 409 && v["error"].as_str().unwrap().contains("max_subtasks"), "{v}");
         let second =
             oracle_job("second", &oracle, 1, "[limits]\nmemory_mb = 64\n").replace("rate = 10000", "rate = 2000");
         let (s, v) = call(&addr, "POST", "/v1/jobs", ACME, second.as_bytes());

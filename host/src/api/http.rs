@@ -1,6 +1,8 @@
 //! Minimal HTTP/1.1: one request per connection (`Connection: close`), `Content-Length`
-//! bodies only. Invariant: a malformed or oversized request gets a 400/413 answer and never
-//! takes the server down.
+//! bodies only. Invariants: a malformed or oversized request gets a 400/413 answer and never
+//! takes the server down; the head is capped at [`MAX_HEAD`] bytes, the whole request must
+//! arrive within [`REQUEST_DEADLINE`], and the body is only read once the caller is
+//! authorized (so an unauthenticated peer cannot make the server allocate or wait for it).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -8,6 +10,10 @@ use std::time::Duration;
 
 /// Largest accepted body (a component upload).
 pub const MAX_BODY: usize = 64 << 20;
+/// Largest accepted request line + headers.
+pub const MAX_HEAD: usize = 16 << 10;
+/// The whole request must have arrived by then.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A parsed request.
 #[derive(Debug)]
@@ -61,16 +67,35 @@ fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         409 => "Conflict",
         413 => "Payload Too Large",
+        408 => "Request Timeout",
+        503 => "Service Unavailable",
         _ => "Internal Server Error",
     }
 }
 
-/// Reads one request from `stream`.
-pub fn read_request(stream: &mut TcpStream) -> Result<Request, Response> {
-    stream.set_read_timeout(Some(Duration::from_secs(30))).ok();
+/// Reads one request from `stream`; `authorized(token)` is asked before the body is read.
+pub fn read_request(stream: &mut TcpStream, authorized: &dyn Fn(Option<&str>) -> bool) -> Result<Request, Response> {
+    let deadline = std::time::Instant::now() + REQUEST_DEADLINE;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
     let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    r.read_line(&mut line).map_err(|e| Response::error(400, format!("reading the request: {e}")))?;
+    let mut head_bytes = 0usize;
+    let mut read_line = |r: &mut BufReader<&mut TcpStream>, what: &str| -> Result<String, Response> {
+        let mut line = Vec::new();
+        let n = r
+            .by_ref()
+            .take((MAX_HEAD - head_bytes.min(MAX_HEAD)) as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| Response::error(400, format!("reading {what}: {e}")))?;
+        head_bytes += n;
+        if head_bytes > MAX_HEAD {
+            return Err(Response::error(413, format!("request head exceeds {MAX_HEAD} bytes")));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Response::error(408, "request too slow"));
+        }
+        String::from_utf8(line).map_err(|_| Response::error(400, format!("{what} is not UTF-8")))
+    };
+    let line = read_line(&mut r, "the request line")?;
     let mut parts = line.split_whitespace();
     let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
         return Err(Response::error(400, "malformed request line"));
@@ -83,8 +108,7 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, Response> {
         .collect();
     let (mut len, mut token) = (0usize, None);
     loop {
-        let mut h = String::new();
-        r.read_line(&mut h).map_err(|e| Response::error(400, format!("reading headers: {e}")))?;
+        let h = read_line(&mut r, "headers")?;
         let h = h.trim_end();
         if h.is_empty() {
             break;
@@ -97,11 +121,25 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, Response> {
             token = v.strip_prefix("Bearer ").map(str::to_string);
         }
     }
+    if !authorized(token.as_deref()) {
+        return Err(Response::error(401, "missing or wrong bearer token"));
+    }
     if len > MAX_BODY {
         return Err(Response::error(413, format!("body of {len} bytes exceeds {MAX_BODY}")));
     }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body).map_err(|e| Response::error(400, format!("reading the body: {e}")))?;
+    let mut body = Vec::with_capacity(len.min(1 << 20));
+    let mut chunk = [0u8; 64 << 10];
+    while body.len() < len {
+        if std::time::Instant::now() > deadline {
+            return Err(Response::error(408, "request too slow"));
+        }
+        let want = (len - body.len()).min(chunk.len());
+        let n = r.read(&mut chunk[..want]).map_err(|e| Response::error(400, format!("reading the body: {e}")))?;
+        if n == 0 {
+            return Err(Response::error(400, "the body ended early"));
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
     Ok(Request { method: method.to_string(), path: path.to_string(), query, token, body })
 }
 

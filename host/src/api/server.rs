@@ -40,6 +40,8 @@ use crate::sandbox::instance::{LoadedComponent, sha256_hex};
 
 /// How long a savepoint, stop or upgrade may take before the API answers with a timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Requests served at once; more are answered 503 at once.
+pub const MAX_CONNECTIONS: usize = 128;
 
 /// A job the API serves.
 #[derive(Clone)]
@@ -56,7 +58,15 @@ struct Entry {
     job: ServedJob,
     /// Guest memory it may use: `memory_mb` x operator subtasks.
     memory_mb: u64,
+    /// Subtasks (threads) it runs.
+    subtasks: u64,
+    /// Operator instances it holds.
+    instances: u64,
 }
+
+/// Operator instances one server runs at once (the pooling allocator's slots, minus room
+/// for `describe` at upload and a live upgrade's second instance).
+pub const SERVER_INSTANCES: u64 = crate::sandbox::engine::POOL_INSTANCES as u64 / 2;
 
 /// The shared state of the API.
 pub struct Api {
@@ -66,6 +76,8 @@ pub struct Api {
     /// Server mode: `<data_dir>`, under which each tenant has its directory.
     data_dir: Option<PathBuf>,
     next_id: AtomicU64,
+    /// Held while compiling an uploaded or submitted component.
+    compiling: Mutex<()>,
 }
 
 /// A running API server.
@@ -109,6 +121,7 @@ impl Api {
             jobs: Mutex::new(BTreeMap::new()),
             data_dir: None,
             next_id: AtomicU64::new(1),
+            compiling: Mutex::new(()),
         })
     }
 
@@ -124,12 +137,13 @@ impl Api {
             jobs: Mutex::new(BTreeMap::new()),
             data_dir: Some(config.data_dir.clone()),
             next_id: AtomicU64::new(1),
+            compiling: Mutex::new(()),
         }))
     }
 
     /// Serves `job` under `id` (single-job mode: for the `local` tenant).
     pub fn add_job(&self, id: &str, job: ServedJob) {
-        let e = Entry { tenant: self.tenants[0].name.clone(), job, memory_mb: 0 };
+        let e = Entry { tenant: self.tenants[0].name.clone(), job, memory_mb: 0, subtasks: 0, instances: 0 };
         self.jobs.lock().unwrap().insert(id.to_string(), e);
     }
 
@@ -147,9 +161,14 @@ impl Api {
                 }
                 let Ok(mut s) = conn else { continue };
                 let (api, inflight) = (api.clone(), inflight2.clone());
-                inflight.fetch_add(1, Ordering::AcqRel);
+                if inflight.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                    http::write_response(&mut s, &Response::error(503, "too many requests in flight; retry"));
+                    inflight.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
                 let spawned = std::thread::Builder::new().name("api-request".into()).spawn(move || {
-                    let resp = match http::read_request(&mut s) {
+                    let known = |t: Option<&str>| api.tenants.iter().any(|x| Some(x.token.as_str()) == t);
+                    let resp = match http::read_request(&mut s, &known) {
                         Ok(req) => api.handle(&req),
                         Err(resp) => resp,
                     };
@@ -229,8 +248,11 @@ impl Api {
             }),
             ("POST", ["v1", "jobs", id, "operators", uid, "upgrade"]) => self.job(tenant, id).and_then(|j| {
                 let name = req.param("name").map(http::decode).unwrap_or_else(|| "uploaded component".into());
-                let lc = LoadedComponent::from_bytes(&self.engine, uid, Path::new(&name), &req.body)
-                    .map_err(|e| Response::error(400, e.to_string()))?;
+                let lc = {
+                    let _compiling = self.compiling.lock().unwrap();
+                    LoadedComponent::from_bytes(&self.engine, uid, Path::new(&name), &req.body)
+                        .map_err(|e| Response::error(400, e.to_string()))?
+                };
                 j.handle
                     .upgrade(uid, OperatorFactory::Wasm(Arc::new(lc)), REQUEST_TIMEOUT)
                     .map(|info| Response::ok(&info))
@@ -269,8 +291,11 @@ impl Api {
         let dir = self.hosting_dir(tenant)?.join("components");
         let sha = sha256_hex(bytes);
         // Checked now (imports, world, describe), so a bad component is refused at upload.
-        let lc = LoadedComponent::from_bytes(&self.engine, "uploaded", Path::new("uploaded component"), bytes)
-            .map_err(|e| Response::error(400, e.to_string()))?;
+        let lc = {
+            let _compiling = self.compiling.lock().unwrap();
+            LoadedComponent::from_bytes(&self.engine, "uploaded", Path::new("uploaded component"), bytes)
+                .map_err(|e| Response::error(400, e.to_string()))?
+        };
         crate::checkpoint::storage::write_atomic(&dir.join(format!("{sha}.wasm")), bytes)
             .map_err(|e| Response::error(500, format!("storing the component: {e}")))?;
         Ok(Response::ok(&serde_json::json!({
@@ -291,8 +316,10 @@ impl Api {
 
     /// Checks a submitted job against the tenant's directory and quotas, then starts it.
     fn submit(&self, tenant: &Tenant, req: &http::Request) -> Answer {
-        let body = &req.body[..];
         let root = self.hosting_dir(tenant)?;
+        let files = root.join("files");
+        // Errors go back to the tenant without the server's directory layout.
+        let scrub = |status: u16, m: String| Response::error(status, m.replace(&format!("{}/", files.display()), ""));
         // `?restore=latest` or `?restore=<savepoint dir in your files>`.
         let restore = match req.param("restore").map(http::decode) {
             None => None,
@@ -300,16 +327,15 @@ impl Api {
             Some(r) => Some(RestoreFrom::Path(self.tenant_path(tenant, Path::new(&r))?)),
         };
         let allow_non_restored_state = req.param("allow_non_restored_state") == Some("true");
-        let files = root.join("files");
-        let text = std::str::from_utf8(body).map_err(|_| Response::error(400, "the job file is not UTF-8"))?;
-        let text = resolve_components(text, &root.join("components")).map_err(|e| Response::error(400, e))?;
-        let text = text.as_str();
+        let text = std::str::from_utf8(&req.body).map_err(|_| Response::error(400, "the job file is not UTF-8"))?;
+        // Paths are checked as written, before anything looks at the filesystem.
+        let text = preprocess(text, &root.join("components")).map_err(|e| Response::error(400, e))?;
         let id_n = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Relative paths in the job resolve against the tenant's files directory.
         let path = files.join(format!(".job-{id_n}.toml"));
-        std::fs::write(&path, text).map_err(|e| Response::error(500, e.to_string()))?;
-        let mut graph = crate::job::parse(&path, text).map_err(|e| Response::error(400, e.to_string()))?;
-        confine(&mut graph, &root).map_err(|e| Response::error(400, format!("job `{}`: {e}", graph.name)))?;
+        std::fs::write(&path, &text).map_err(|e| Response::error(500, e.to_string()))?;
+        let mut graph = crate::job::parse(&path, &text).map_err(|e| scrub(400, e.to_string()))?;
+        confine(&mut graph, &root).map_err(|e| scrub(400, format!("job `{}`: {e}", graph.name)))?;
         let bad = |m: String| Response::error(409, format!("job `{}` refused: {m}", graph.name));
         if let Some(n) = graph.nodes.iter().find(|n| n.parallelism > tenant.max_parallelism) {
             return Err(bad(format!(
@@ -317,23 +343,17 @@ impl Api {
                 n.id, n.parallelism, tenant.name, tenant.max_parallelism
             )));
         }
-        let subtasks: u64 =
+        let instances: u64 =
             graph.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Operator(_))).map(|n| n.parallelism as u64).sum();
-        let memory_mb = subtasks * graph.limits.memory_mb;
-        let bound =
-            crate::job::bind::bind(&self.engine, graph.clone()).map_err(|e| Response::error(400, e.to_string()))?;
-        let opts = RunOptions { quiet_guests: true, restore, allow_non_restored_state, ..Default::default() };
-        // Refused before it starts: a savepoint its components cannot take over, and so on.
-        executor::preflight(&bound, &opts).map_err(|e| Response::error(409, e.to_string()))?;
+        let subtasks: u64 = graph.nodes.iter().map(|n| n.parallelism as u64).sum();
+        let memory_mb = instances * graph.limits.memory_mb;
         let id = format!("{}-{id_n}", graph.name);
         let (handle, endpoint) = JobHandle::new(&graph.name);
         {
-            // Quotas and the slot are checked and taken under one lock.
+            // Quotas are checked and the slot taken under one lock, before any compiling.
             let mut jobs = self.jobs.lock().unwrap();
-            let running: Vec<&Entry> = jobs
-                .values()
-                .filter(|e| e.tenant == tenant.name && !e.job.handle.status().state.is_terminal())
-                .collect();
+            let live = |e: &&Entry| !e.job.handle.status().state.is_terminal();
+            let running: Vec<&Entry> = jobs.values().filter(live).filter(|e| e.tenant == tenant.name).collect();
             if running.len() as u32 >= tenant.max_jobs {
                 return Err(bad(format!(
                     "tenant `{}` already runs {} job(s), its quota (max_jobs)",
@@ -349,7 +369,7 @@ impl Api {
             let used: u64 = running.iter().map(|e| e.memory_mb).sum();
             if used + memory_mb > tenant.max_memory_mb {
                 return Err(bad(format!(
-                    "it needs {memory_mb} MiB of guest memory ({subtasks} operator subtasks x memory_mb = {}), and \
+                    "it needs {memory_mb} MiB of guest memory ({instances} operator subtasks x memory_mb = {}), and \
                      tenant `{}` has {} of {} MiB left (max_memory_mb)",
                     graph.limits.memory_mb,
                     tenant.name,
@@ -357,12 +377,46 @@ impl Api {
                     tenant.max_memory_mb
                 )));
             }
+            let used_subtasks: u64 = running.iter().map(|e| e.subtasks).sum();
+            if used_subtasks + subtasks > tenant.max_subtasks as u64 {
+                return Err(bad(format!(
+                    "it runs {subtasks} subtasks (threads), and tenant `{}` has {} of {} left (max_subtasks)",
+                    tenant.name,
+                    (tenant.max_subtasks as u64).saturating_sub(used_subtasks),
+                    tenant.max_subtasks
+                )));
+            }
+            let all_instances: u64 = jobs.values().filter(live).map(|e| e.instances).sum();
+            if all_instances + instances > SERVER_INSTANCES {
+                return Err(Response::error(
+                    503,
+                    format!("the server runs {all_instances} operator instances of {SERVER_INSTANCES}; retry later"),
+                ));
+            }
             let checkpoint_root = graph.checkpoint.as_ref().map(|c| c.dir.join(&graph.name));
             jobs.insert(
                 id.clone(),
-                Entry { tenant: tenant.name.clone(), job: ServedJob { handle, checkpoint_root }, memory_mb },
+                Entry {
+                    tenant: tenant.name.clone(),
+                    job: ServedJob { handle, checkpoint_root },
+                    memory_mb,
+                    subtasks,
+                    instances,
+                },
             );
         }
+        let release = |r: Response| {
+            self.jobs.lock().unwrap().remove(&id);
+            r
+        };
+        let bound = {
+            // One compile at a time: a tenant cannot make the server compile without bound.
+            let _compiling = self.compiling.lock().unwrap();
+            crate::job::bind::bind(&self.engine, graph.clone()).map_err(|e| release(scrub(400, e.to_string())))?
+        };
+        let opts = RunOptions { quiet_guests: true, restore, allow_non_restored_state, ..Default::default() };
+        // Refused before it starts: a savepoint its components cannot take over, and so on.
+        executor::preflight(&bound, &opts).map_err(|e| release(scrub(409, e.to_string())))?;
         std::thread::Builder::new()
             .name(format!("job-{id}"))
             .spawn(move || {
@@ -371,7 +425,7 @@ impl Api {
                     eprintln!("{e}");
                 }
             })
-            .map_err(|e| Response::error(500, format!("cannot start job: {e}")))?;
+            .map_err(|e| release(Response::error(500, format!("cannot start job: {e}"))))?;
         Ok(Response::ok(&serde_json::json!({ "id": id })))
     }
 }
@@ -412,11 +466,31 @@ fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Rewrites every operator's `component = "sha256:<digest>"` (what POST /v1/components
-/// answered) to the tenant's stored component, in place so error lines still match what the
-/// tenant sent; anything else is refused.
-fn resolve_components(text: &str, components: &Path) -> Result<String, String> {
+/// Checks the paths of a submitted job as written (relative, no `..`), and rewrites every
+/// operator's `component = "sha256:<digest>"` (what POST /v1/components answered) to the
+/// tenant's stored component, in place so error lines still match what the tenant sent;
+/// anything else is refused.
+fn preprocess(text: &str, components: &Path) -> Result<String, String> {
     let doc: toml::Table = text.parse().map_err(|e| format!("the job file is not valid TOML: {e}"))?;
+    let relative = |p: &str, what: String| {
+        let p = Path::new(p);
+        if p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+            Err(format!("{what} {} is outside your directory; use a relative path without `..`", p.display()))
+        } else {
+            Ok(())
+        }
+    };
+    if let Some(dir) = doc.get("checkpoint").and_then(|c| c.get("dir")).and_then(|d| d.as_str()) {
+        relative(dir, "checkpoint dir".into())?;
+    }
+    for section in ["source", "sink"] {
+        for node in doc.get(section).and_then(|s| s.as_array()).into_iter().flatten() {
+            if let Some(p) = node.get("path").and_then(|p| p.as_str()) {
+                let id = node.get("id").and_then(|v| v.as_str()).unwrap_or("?");
+                relative(p, format!("{section} `{id}` path"))?;
+            }
+        }
+    }
     let mut out = text.to_string();
     if let Some(ops) = doc.get("operator").and_then(|o| o.as_array()) {
         for op in ops {

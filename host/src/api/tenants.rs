@@ -11,6 +11,7 @@
 //! max_jobs = 4                  # running at once
 //! max_memory_mb = 2048          # sum of memory_mb x operator subtasks over running jobs
 //! max_parallelism = 8           # of any node
+//! max_subtasks = 64             # threads (sources, operators, sinks) over running jobs
 //! ```
 //!
 //! Invariants: a tenant's jobs only read and write under `<data_dir>/<tenant>/` (every path
@@ -38,6 +39,9 @@ pub struct Tenant {
     /// Parallelism of any node.
     #[serde(default = "default_max_parallelism")]
     pub max_parallelism: u32,
+    /// Subtasks (threads: sources, operators, sinks) over its running jobs.
+    #[serde(default = "default_max_subtasks")]
+    pub max_subtasks: u32,
 }
 
 fn default_max_jobs() -> u32 {
@@ -49,11 +53,21 @@ fn default_max_memory_mb() -> u64 {
 fn default_max_parallelism() -> u32 {
     8
 }
+fn default_max_subtasks() -> u32 {
+    64
+}
 
 impl Tenant {
     /// The one tenant of a single-job API (`weir run`): no quotas to speak of.
     pub fn local(token: String) -> Self {
-        Tenant { name: "local".into(), token, max_jobs: u32::MAX, max_memory_mb: u64::MAX, max_parallelism: u32::MAX }
+        Tenant {
+            name: "local".into(),
+            token,
+            max_jobs: u32::MAX,
+            max_memory_mb: u64::MAX,
+            max_parallelism: u32::MAX,
+            max_subtasks: u32::MAX,
+        }
     }
 }
 
@@ -138,8 +152,16 @@ mod tests {
                     max_jobs: 1,
                     max_memory_mb: 1,
                     max_parallelism: 1,
+                    max_subtasks: 1,
                 },
-                Tenant { name: name.into(), token: token.into(), max_jobs: 1, max_memory_mb: 1, max_parallelism: 1 },
+                Tenant {
+                    name: name.into(),
+                    token: token.into(),
+                    max_jobs: 1,
+                    max_memory_mb: 1,
+                    max_parallelism: 1,
+                    max_subtasks: 1,
+                },
             ],
         };
         assert!(c("b", "fedcba9876543210").check().is_ok());

@@ -246,8 +246,10 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Serve { config } => {
             let cfg = weir::api::tenants::ServerConfig::load(&config).map_err(anyhow::Error::msg)?;
-            let engine =
-                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
+            let opts = weir::sandbox::engine::EngineOptions { pooling: true, ..Default::default() };
+            let engine = weir::sandbox::engine::engine_with(opts)
+                .map_err(|e| anyhow::anyhow!("{e:#}"))
+                .context("starting the WebAssembly engine")?;
             let api = Api::hosting(&cfg, engine)
                 .with_context(|| format!("preparing the data directory {}", cfg.data_dir.display()))?;
             let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;

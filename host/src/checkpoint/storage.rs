@@ -269,6 +269,18 @@ pub fn export_savepoint(chk_dir: &Path, manifest: &Manifest, target: &Path) -> s
     Ok(bytes + encoded.len() as u64)
 }
 
+/// One path component, no separators, not `.`/`..`, not hidden.
+fn plain_file_name(f: &str) -> bool {
+    !f.is_empty() && !f.starts_with('.') && !f.contains(['/', '\\', '\0'])
+}
+
+/// `components/<64 hex>.wasm` (savepoints) or `../components/<64 hex>.wasm` (checkpoints).
+fn stored_component_path(p: &str) -> bool {
+    let name = p.strip_prefix("../components/").or_else(|| p.strip_prefix("components/"));
+    name.and_then(|n| n.strip_suffix(".wasm"))
+        .is_some_and(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
 fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
     let path = dir.join(MANIFEST);
     let bytes = match fs::read(&path) {
@@ -284,6 +296,20 @@ fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
 /// Loads and verifies the checkpoint (or savepoint) in `dir`.
 pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
     let manifest = read_manifest(dir)?;
+    // A manifest names files only inside its own directory (a forged one must not reach out).
+    let bad = |what: String| CheckpointError::Manifest { path: dir.to_path_buf(), source: ManifestError::Decode(what) };
+    for op in &manifest.operators {
+        for s in &op.subtasks {
+            if !plain_file_name(&s.file) {
+                return Err(bad(format!("state file `{}` of `{}` is not a plain file name", s.file, op.uid)));
+            }
+        }
+        if let Some(stored) = op.component.as_ref().and_then(|c| c.stored.as_ref())
+            && !stored_component_path(stored)
+        {
+            return Err(bad(format!("stored component `{stored}` of `{}` is not components/<sha256>.wasm", op.uid)));
+        }
+    }
     let mut states = std::collections::BTreeMap::new();
     for op in &manifest.operators {
         for s in &op.subtasks {
@@ -356,6 +382,31 @@ mod tests {
         assert!(skipped[0].contains("chk-4") && skipped[0].contains("incomplete"), "{skipped:?}");
         assert!(skipped[1].contains("chk-3") && skipped[1].contains("checksum"), "{skipped:?}");
         assert_eq!(store.max_id(), 4);
+    }
+
+    #[test]
+    fn a_manifest_naming_files_outside_its_directory_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        let (bytes, crc) = store.write_state(CheckpointId(1), "op-0.state", &SubtaskState::default()).unwrap();
+        for file in ["../../other/op-0.state", "/etc/passwd", ".hidden", ""] {
+            store.publish(&manifest(1, file, bytes, crc)).unwrap();
+            let e = load(&store.chk_dir(CheckpointId(1))).unwrap_err().to_string();
+            assert!(e.contains("is not a plain file name"), "{file}: {e}");
+        }
+        let mut m = manifest(1, "op-0.state", bytes, crc);
+        m.operators[0].component = Some(crate::checkpoint::metadata::ComponentEntry {
+            name: "c".into(),
+            version: "1".into(),
+            schema_version: 1,
+            states: vec![],
+            sha256: None,
+            stored: Some("../../../victim/files/x.wasm".into()),
+            replaces: vec![],
+        });
+        store.publish(&m).unwrap();
+        assert!(load(&store.chk_dir(CheckpointId(1))).unwrap_err().to_string().contains("is not components/"));
+        assert!(stored_component_path(&format!("../components/{}.wasm", "a".repeat(64))));
     }
 
     #[test]

@@ -188,6 +188,9 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     return cx
                         .err(s.keys.as_ref().unwrap().span(), format!("generator `{id}`: keys must be at least 1"));
                 }
+                if let Some(v) = s.value_bytes.as_ref().filter(|v| *v.get_ref() > 1 << 20) {
+                    return cx.err(v.span(), format!("generator `{id}`: value_bytes is at most 1048576 (1 MiB)"));
+                }
                 SourceKind::Generator(GeneratorConfig {
                     count: *count.get_ref(),
                     keys,

@@ -306,7 +306,7 @@ fn run_attempts(
     let mut original_dropped = BTreeMap::new();
     let mut demoted = false;
     // Checkpoints of this run have ids from here on; older ones on disk are another run's.
-    let first_id = store.map_or(0, |s| s.max_id() + 1);
+    let first_id = store.map_or(0, |s| s.max_id().saturating_add(1));
     loop {
         if let Some(c) = &restore {
             let what = match c.manifest.kind {
@@ -651,7 +651,7 @@ fn run_attempt(
                 settings: cfg.settings,
                 nodes: node_templates,
                 tasks: task_templates,
-                first_id: store.max_id() + 1,
+                first_id: store.max_id().saturating_add(1),
                 verbose: opts.progress.is_some(),
                 requests: opts.endpoint.as_ref().map(|e| e.requests.clone()),
                 graph: Arc::new(g.clone()),

@@ -12,13 +12,15 @@ pub struct EngineOptions {
     /// measure its cost).
     pub epoch_interruption: bool,
     /// Pooling instance allocator: instances take pre-reserved slots instead of fresh
-    /// mappings (default on).
+    /// mappings. `weir serve` uses it (faster, bounded instance start; at most
+    /// [`POOL_INSTANCES`] at once; reserves address space up front); `weir run` and tests
+    /// allocate on demand (no cap).
     pub pooling: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { epoch_interruption: true, pooling: true }
+        EngineOptions { epoch_interruption: true, pooling: false }
     }
 }
 

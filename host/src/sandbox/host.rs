@@ -9,6 +9,11 @@ use crate::sandbox::limits::Limits;
 use crate::sandbox::timers::TimerQueue;
 use wasmtime::StoreLimits;
 
+/// Largest timer key.
+pub const MAX_TIMER_KEY: usize = 64 << 10;
+/// Most timers one instance may hold.
+pub const MAX_TIMERS: usize = 1 << 20;
+
 /// Per-instance host state (the `T` of `Store<T>`).
 pub struct HostState {
     /// Who this instance is.
@@ -64,7 +69,8 @@ impl HostState {
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self.store_limits = limits.store_limits();
-        self.max_emit_bytes = limits.max_emit_bytes();
+        // Output is buffered in host memory: never more per call than the guest's own memory.
+        self.max_emit_bytes = limits.max_emit_bytes().min((limits.memory_mb << 20) as usize);
         self
     }
 
@@ -124,6 +130,13 @@ impl collector::Host for HostState {
 impl timers::Host for HostState {
     fn register(&mut self, domain: types::TimeDomain, key_group: u32, key: Vec<u8>, time: i64) -> wasmtime::Result<()> {
         self.check_key_group(key_group)?;
+        // Timers live in host memory: bounded like the guest's own.
+        if key.len() > MAX_TIMER_KEY {
+            wasmtime::bail!("{}: timer key of {} bytes exceeds {MAX_TIMER_KEY}", self.label, key.len());
+        }
+        if self.event_timers.len() + self.processing_timers.len() >= MAX_TIMERS {
+            wasmtime::bail!("{}: more than {MAX_TIMERS} timers registered; delete fired or stale ones", self.label);
+        }
         match domain {
             types::TimeDomain::EventTime => self.event_timers.register(time, key_group, &key),
             types::TimeDomain::ProcessingTime => self.processing_timers.register(time, key_group, &key),

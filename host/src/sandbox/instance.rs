@@ -317,7 +317,11 @@ impl LoadedComponent {
             key_group_end: 1,
         };
         let describe_err = |reason: String| LoadError::Describe { uid: uid.into(), path: path.into(), reason };
-        let mut inst = lc.instantiate(HostState::new(task, 0)).map_err(|e| describe_err(e.to_string()))?;
+        // `describe` runs untrusted code at load (or upload): tight limits, no log echo.
+        let describe_limits = Limits { memory_mb: 64, call_timeout_ms: 1000, ..Limits::default() };
+        let mut host = HostState::new(task, 0).with_limits(describe_limits);
+        host.echo_logs = false;
+        let mut inst = lc.instantiate(host).map_err(|e| describe_err(e.to_string()))?;
         let d = inst.describe().map_err(|e| describe_err(e.to_string()))?;
         lc.info = OperatorInfo {
             name: d.name,
@@ -367,6 +371,24 @@ pub struct OperatorInstance {
     inst: Inst,
 }
 
+/// A guest-supplied message made safe to show: at most 4 KiB, control characters escaped
+/// (a newline must not forge a log line).
+fn tame(message: String) -> String {
+    let mut out = String::with_capacity(message.len().min(4200));
+    for c in message.chars().take(4096) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if out.len() > 4096 {
+        out.truncate(out.floor_char_boundary(4096));
+        out.push_str("...");
+    }
+    out
+}
+
 /// Turns a failed call into a [`GuestError`], naming the limit when one was breached.
 fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>, limits: &Limits) -> GuestError {
     let full = format!("{e:#}");
@@ -397,7 +419,7 @@ fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>, limits: 
         // A host import refused the call: its message, not the wasm backtrace around it.
         None => e.root_cause().to_string(),
     };
-    GuestError::Trap { call, message: message.lines().next().unwrap_or("").to_string(), detail }
+    GuestError::Trap { call, message: message.lines().next().unwrap_or("").to_string(), detail: detail.map(tame) }
 }
 
 macro_rules! call {
@@ -424,7 +446,7 @@ impl OperatorInstance {
     }
 
     fn result(call: &'static str, r: Result<(), String>) -> Result<(), GuestError> {
-        r.map_err(|message| GuestError::Failed { call, message })
+        r.map_err(|message| GuestError::Failed { call, message: tame(message) })
     }
 
     /// The host state (watermark, timers, emitted records).
@@ -477,7 +499,7 @@ impl OperatorInstance {
         mode: types::SnapshotMode,
     ) -> Result<types::OperatorSnapshot, GuestError> {
         let r = call!(self, "snapshot", call_snapshot, checkpoint, mode)?;
-        let snap = r.map_err(|message| GuestError::Failed { call: "snapshot", message })?;
+        let snap = r.map_err(|message| GuestError::Failed { call: "snapshot", message: tame(message) })?;
         let bytes = snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + snap.operator_state.len() as u64;
         let limits = self.store.data().limits;
         let max_value = (limits.max_state_value_mb << 20) as usize;
