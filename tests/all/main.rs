@@ -8,6 +8,7 @@ mod cycles;
 mod errors;
 mod exactly_once;
 mod examples;
+mod lang;
 mod process_recovery;
 mod sandbox;
 mod savepoints;

@@ -45,13 +45,13 @@ fn golden() -> Vec<String> {
     v
 }
 
-struct Running {
-    handle: JobHandle,
-    thread: JoinHandle<Result<RunSummary, RunError>>,
+pub struct Running {
+    pub handle: JobHandle,
+    pub thread: JoinHandle<Result<RunSummary, RunError>>,
 }
 
 /// Starts `toml` (as `dir/job.toml`) on a thread with a handle.
-fn start(dir: &Path, toml: &str, restore: Option<PathBuf>, allow: bool) -> Running {
+pub fn start(dir: &Path, toml: &str, restore: Option<PathBuf>, allow: bool) -> Running {
     let path = dir.join("job.toml");
     std::fs::write(&path, toml).unwrap();
     let graph = job::parse(&path, toml).unwrap();
@@ -72,7 +72,7 @@ fn start(dir: &Path, toml: &str, restore: Option<PathBuf>, allow: bool) -> Runni
 }
 
 /// Waits until the job's node `uid` has received at least `n` records.
-fn wait_records(r: &Running, uid: &str, n: u64) {
+pub fn wait_records(r: &Running, uid: &str, n: u64) {
     let t0 = Instant::now();
     loop {
         let st = r.handle.status();
@@ -243,6 +243,11 @@ fn upgrade_rolls_back_every_subtask_when_one_traps_in_restore() {
 
 /// The wordcount pipeline with counter `counter` at parallelism `p`, from a slow file.
 fn wordcount_job(counter: &str, p: u32, rate: u64) -> String {
+    wordcount_job_with(&component(counter), p, rate)
+}
+
+/// The wordcount pipeline with the counter component at `counter`.
+pub fn wordcount_job_with(counter: &Path, p: u32, rate: u64) -> String {
     let input = crate::support::root().join("examples/upgrade/input.txt");
     format!(
         "[job]\nname = \"wc\"\nmax_parallelism = 64\n[checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
@@ -252,11 +257,11 @@ fn wordcount_job(counter: &str, p: u32, rate: u64) -> String {
          [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {p}\ninputs = [{{ from = \"count\" }}]\n",
         toml_path(&input),
         toml_path(&component("wordcount_tokenizer")),
-        toml_path(&component(counter)),
+        toml_path(counter),
     )
 }
 
-fn wordcount_expected() -> Vec<String> {
+pub fn wordcount_expected() -> Vec<String> {
     let text = std::fs::read_to_string(crate::support::root().join("examples/upgrade/expected/counts.txt")).unwrap();
     let mut v: Vec<String> = text.lines().map(str::to_string).collect();
     v.sort();

@@ -70,6 +70,32 @@ pub fn wasi_component() -> PathBuf {
     .clone()
 }
 
+/// A JavaScript operator (`src`, relative to the repository) built into a component once
+/// per test run with `guest-sdk/js/build.sh` (which installs the pinned componentizer).
+pub fn js_component(src: &str) -> PathBuf {
+    static BUILT: OnceLock<std::sync::Mutex<std::collections::BTreeMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(p) = built.get(src) {
+        return p.clone();
+    }
+    let name = Path::new(src).file_stem().unwrap().to_string_lossy().to_string();
+    let out = root().join("target/js").join(format!("{name}.wasm"));
+    let run = Command::new("bash")
+        .arg(root().join("guest-sdk/js/build.sh"))
+        .arg(root().join(src))
+        .arg(&out)
+        .output()
+        .expect("running guest-sdk/js/build.sh");
+    assert!(
+        run.status.success(),
+        "building {src} failed (needs node and npm):\n{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    built.insert(src.to_string(), out.clone());
+    out
+}
+
 /// Path of the component built from crate `name` (e.g. `test_probe`).
 pub fn component(name: &str) -> PathBuf {
     guests().join(format!("{name}.wasm"))
