@@ -3,7 +3,7 @@
 // an operator in one language restores into the same schema in another.
 //
 //   import { operator, u64 } from './weir.js';
-//   export const { describe, open, process, onTimer, onWatermark, snapshot, restore, close } = operator({
+//   export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish } = operator({
 //     name: 'wordcount-counter', version: '1.0.0', schemaVersion: 1,
 //     states: [{ name: 'count', codec: u64 }],                       // keyed value states
 //     process(ctx, rec) { const n = ctx.update('count', c => (c ?? 0) + 1); ctx.emit(rec.key, ...) },
@@ -15,8 +15,8 @@
 // `string`, `bytes`, or `struct([...])`). Output is buffered and handed to the host once per
 // call. A thrown error fails the call (the host restarts the job from its last checkpoint).
 
-import { emitBatch } from 'weir:operator/collector@0.2.0';
-import { task } from 'weir:operator/context@0.2.0';
+import { emitBatch } from 'weir:operator/collector@0.3.0';
+import { task } from 'weir:operator/context@0.3.0';
 
 // ---- bincode 1 codecs -------------------------------------------------------------------
 
@@ -187,7 +187,7 @@ export function operator(spec) {
         sideOutputs: spec.sideOutputs || [],
       };
     },
-    open(config) {
+    setup(config) {
       info = task();
       const n = info.keyGroupEnd - info.keyGroupStart;
       tables = states.map(() => Array.from({ length: n }, () => new Map()));
@@ -256,7 +256,7 @@ export function operator(spec) {
       }
       if (state.operatorState.length > 0) throw new Error('the JavaScript SDK keeps no per-subtask state');
     },
-    close() {
+    finish() {
       if (spec.close) { spec.close(ctx); flush(); }
     },
   };

@@ -1,5 +1,5 @@
-//! `cargo bench -p weir --bench lang`: the wordcount counter in Rust and in JavaScript
-//! (QuickJS), same host, same batches: records/s through the operator alone, compile time,
+//! `cargo bench -p weir --bench lang`: the wordcount counter in Rust, JavaScript (QuickJS)
+//! and Python (componentize-py), same host, same batches: records/s through the operator alone, compile time,
 //! instance start (instantiate + open) and RSS per idle instance.
 
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-fn build() -> (PathBuf, PathBuf) {
+fn build() -> (PathBuf, PathBuf, PathBuf) {
     let st = Command::new(env!("CARGO"))
         .args(["build", "--profile", "guest", "--target", "wasm32-unknown-unknown", "-p", "wordcount-counter"])
         .current_dir(root())
@@ -35,7 +35,15 @@ fn build() -> (PathBuf, PathBuf) {
         .status()
         .unwrap();
     assert!(st.success());
-    (root().join("target/wasm32-unknown-unknown/guest/wordcount_counter.wasm"), js)
+    let py = root().join("target/python/wordcount_counter_py.wasm");
+    let st = Command::new("bash")
+        .arg(root().join("guest-sdk/python/build.sh"))
+        .arg(root().join("examples/wordcount/counter-py/app.py"))
+        .arg(&py)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    (root().join("target/wasm32-unknown-unknown/guest/wordcount_counter.wasm"), js, py)
 }
 
 fn task() -> TaskInfo {
@@ -57,7 +65,7 @@ fn rss_kb() -> u64 {
 }
 
 fn main() {
-    let (rust, js) = build();
+    let (rust, js, py) = build();
     let mut input = Vec::new();
     let mut i = 0u64;
     for _ in 0..16 {
@@ -74,7 +82,7 @@ fn main() {
         "{:<12} {:>9} {:>11} {:>12} {:>12} {:>14}",
         "counter", "size", "compile", "start p50", "idle RSS", "records/s"
     );
-    for (label, path, rounds) in [("Rust", &rust, 4000usize), ("JavaScript", &js, 300)] {
+    for (label, path, rounds) in [("Rust", &rust, 4000usize), ("JavaScript", &js, 300), ("Python", &py, 300)] {
         let bytes = std::fs::read(path).unwrap();
         let t = Instant::now();
         let c = LoadedComponent::from_bytes(&engine, "count", path, &bytes).unwrap();

@@ -1,6 +1,7 @@
 //! Operators in other languages: the same contract, state, checkpoints and savepoints as Rust.
-//! JavaScript (QuickJS, componentize-qjs) so far: `guest-sdk/js/weir.js` and the wordcount
-//! counter in `examples/wordcount/counter-js`.
+//! JavaScript (QuickJS, componentize-qjs: `guest-sdk/js/weir.js`) and Python (componentize-py:
+//! `guest-sdk/python/src/weir.py`); the wordcount counter in `examples/wordcount/counter-js`
+//! and `counter-py`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,9 +12,10 @@ use weir::runtime::faults::{Fault, FaultKind, FaultPlan};
 use weir::sandbox::engine::new_engine;
 
 use crate::savepoints::{start, wait_records, wordcount_expected, wordcount_job_with};
-use crate::support::{committed_lines, component, js_component, run_job_in, scratch, toml_path};
+use crate::support::{committed_lines, component, js_component, py_component, run_job_in, scratch, toml_path};
 
 const JS_COUNTER: &str = "examples/wordcount/counter-js/counter.js";
+const PY_COUNTER: &str = "examples/wordcount/counter-py/app.py";
 
 /// examples/wordcount with the counter at `counter`, in `dir`.
 fn example_wordcount(counter: &std::path::Path) -> String {
@@ -31,20 +33,28 @@ fn example_wordcount(counter: &std::path::Path) -> String {
         )
 }
 
-#[test]
-fn lang_js_wordcount_output_is_byte_identical_to_the_rust_counter() {
-    let (rust, js) = (scratch(), scratch());
+fn output_matches_the_rust_counter(counter: std::path::PathBuf) {
+    let (rust, other) = (scratch(), scratch());
     run_job_in(rust.path(), &example_wordcount(&component("wordcount_counter"))).unwrap();
-    run_job_in(js.path(), &example_wordcount(&js_component(JS_COUNTER))).unwrap();
-    let (r, j) = (committed_lines(&rust.path().join("out")), committed_lines(&js.path().join("out")));
+    run_job_in(other.path(), &example_wordcount(&counter)).unwrap();
+    let (r, o) = (committed_lines(&rust.path().join("out")), committed_lines(&other.path().join("out")));
     assert_eq!(r.len(), 457);
-    assert!(r == j, "the JavaScript counter's output differs from the Rust counter's");
+    assert!(r == o, "the counter's output differs from the Rust counter's");
 }
 
 #[test]
-fn lang_js_checkpoint_restores_after_a_failure_with_exactly_once() {
+fn lang_js_wordcount_output_is_byte_identical_to_the_rust_counter() {
+    output_matches_the_rust_counter(js_component(JS_COUNTER));
+}
+
+#[test]
+fn lang_python_wordcount_output_is_byte_identical_to_the_rust_counter() {
+    output_matches_the_rust_counter(py_component(PY_COUNTER));
+}
+
+fn restores_after_a_failure(counter: std::path::PathBuf) {
     let d = scratch();
-    let toml = wordcount_job_with(&js_component(JS_COUNTER), 2, 3000);
+    let toml = wordcount_job_with(&counter, 2, 3000);
     let path = d.path().join("job.toml");
     std::fs::write(&path, &toml).unwrap();
     let bound = job::bind::bind(&new_engine().unwrap(), job::parse(&path, &toml).unwrap()).unwrap();
@@ -64,21 +74,37 @@ fn lang_js_checkpoint_restores_after_a_failure_with_exactly_once() {
 }
 
 #[test]
-fn lang_js_savepoints_move_between_the_rust_and_javascript_counters() {
-    // Rust (p=2) -> savepoint -> JavaScript (p=3) -> savepoint -> Rust (p=1): state is
-    // language-independent by contract.
+fn lang_js_checkpoint_restores_after_a_failure_with_exactly_once() {
+    restores_after_a_failure(js_component(JS_COUNTER));
+}
+
+#[test]
+fn lang_python_checkpoint_restores_after_a_failure_with_exactly_once() {
+    restores_after_a_failure(py_component(PY_COUNTER));
+}
+
+#[test]
+fn lang_savepoints_move_between_rust_javascript_and_python_counters() {
+    // Rust (p=2) -> JavaScript (p=3) -> Python (p=2) -> Rust (p=1), a savepoint between each:
+    // state is language-independent by contract.
     let d = scratch();
-    let (js, rust) = (js_component(JS_COUNTER), component("wordcount_counter"));
-    let (sp1, sp2) = (d.path().join("sp1"), d.path().join("sp2"));
-    let r = start(d.path(), &wordcount_job_with(&rust, 2, 2000), None, false);
-    wait_records(&r, "count", 1500);
-    r.handle.savepoint(Some(sp1.clone()), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
-    let r = start(d.path(), &wordcount_job_with(&js, 3, 2000), Some(sp1), false);
-    wait_records(&r, "count", 1500);
-    r.handle.savepoint(Some(sp2.clone()), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
-    let r = start(d.path(), &wordcount_job_with(&rust, 1, 0), Some(sp2), false);
-    r.thread.join().unwrap().unwrap();
+    let chain = [
+        (component("wordcount_counter"), 2),
+        (js_component(JS_COUNTER), 3),
+        (py_component(PY_COUNTER), 2),
+        (component("wordcount_counter"), 1),
+    ];
+    let mut restore = None;
+    for (i, (counter, p)) in chain.iter().enumerate() {
+        let last = i + 1 == chain.len();
+        let r = start(d.path(), &wordcount_job_with(counter, *p, if last { 0 } else { 2000 }), restore.take(), false);
+        if !last {
+            wait_records(&r, "count", 1000);
+            let sp = d.path().join(format!("sp{i}"));
+            r.handle.savepoint(Some(sp.clone()), true, Duration::from_secs(60)).unwrap();
+            restore = Some(sp);
+        }
+        r.thread.join().unwrap().unwrap();
+    }
     assert_eq!(committed_lines(&d.path().join("out")), wordcount_expected());
 }

@@ -73,22 +73,32 @@ pub fn wasi_component() -> PathBuf {
 /// A JavaScript operator (`src`, relative to the repository) built into a component once
 /// per test run with `guest-sdk/js/build.sh` (which installs the pinned componentizer).
 pub fn js_component(src: &str) -> PathBuf {
+    sdk_component("js", src)
+}
+
+/// A Python operator module built with `guest-sdk/python/build.sh` (which installs the pinned
+/// componentize-py), once per test run.
+pub fn py_component(src: &str) -> PathBuf {
+    sdk_component("python", src)
+}
+
+fn sdk_component(lang: &str, src: &str) -> PathBuf {
     static BUILT: OnceLock<std::sync::Mutex<std::collections::BTreeMap<String, PathBuf>>> = OnceLock::new();
     let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
     if let Some(p) = built.get(src) {
         return p.clone();
     }
-    let name = Path::new(src).file_stem().unwrap().to_string_lossy().to_string();
-    let out = root().join("target/js").join(format!("{name}.wasm"));
+    let name = Path::new(src).parent().unwrap().file_name().unwrap().to_string_lossy().replace('-', "_");
+    let out = root().join("target").join(lang).join(format!("{name}.wasm"));
     let run = Command::new("bash")
-        .arg(root().join("guest-sdk/js/build.sh"))
+        .arg(root().join(format!("guest-sdk/{lang}/build.sh")))
         .arg(root().join(src))
         .arg(&out)
         .output()
         .expect("running guest-sdk/js/build.sh");
     assert!(
         run.status.success(),
-        "building {src} failed (needs node and npm):\n{}{}",
+        "building {src} failed (JavaScript needs node and npm, Python needs python3 with venv):\n{}{}",
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );

@@ -28,11 +28,11 @@ mod __weir_export {{
         world: "{world}",
         runtime_path: "::weir_guest::__private::wit_bindgen::rt",
         with: {{
-            "weir:operator/types@0.2.0": ::weir_guest::__private::bindings::types,
-            "weir:operator/context@0.2.0": ::weir_guest::__private::bindings::context,
-            "weir:operator/collector@0.2.0": ::weir_guest::__private::bindings::collector,
-            "weir:operator/timers@0.2.0": ::weir_guest::__private::bindings::timers,
-            "weir:operator/logging@0.2.0": ::weir_guest::__private::bindings::logging,
+            "weir:operator/types@0.3.0": ::weir_guest::__private::bindings::types,
+            "weir:operator/context@0.3.0": ::weir_guest::__private::bindings::context,
+            "weir:operator/collector@0.3.0": ::weir_guest::__private::bindings::collector,
+            "weir:operator/timers@0.3.0": ::weir_guest::__private::bindings::timers,
+            "weir:operator/logging@0.3.0": ::weir_guest::__private::bindings::logging,
         }},
     }});
 
@@ -48,7 +48,7 @@ mod __weir_export {{
         fn describe() -> types::OperatorInfo {{
             driver::describe::<Op>()
         }}
-        fn open(config: ::std::vec::Vec<(::std::string::String, ::std::string::String)>) -> ::core::result::Result<(), ::std::string::String> {{
+        fn setup(config: ::std::vec::Vec<(::std::string::String, ::std::string::String)>) -> ::core::result::Result<(), ::std::string::String> {{
             driver::open(&SLOT, config)
         }}
         {process}
@@ -64,7 +64,7 @@ mod __weir_export {{
         fn restore(schema_version: u32, state: types::OperatorSnapshot) -> ::core::result::Result<(), ::std::string::String> {{
             driver::restore(&SLOT, schema_version, state)
         }}
-        fn close() -> ::core::result::Result<(), ::std::string::String> {{
+        fn finish() -> ::core::result::Result<(), ::std::string::String> {{
             driver::close(&SLOT)
         }}
     }}

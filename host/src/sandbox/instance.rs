@@ -43,7 +43,7 @@ pub enum LoadError {
     /// Imports Weir does not grant.
     #[error(
         "operator `{uid}`: component {} imports {imports}, which Weir does not provide; operators may import only \
-         weir:operator/{{context,collector,timers,logging}}@0.2.0 (build Rust guests for wasm32-unknown-unknown, \
+         weir:operator/{{context,collector,timers,logging}}@0.3.0 (build Rust guests for wasm32-unknown-unknown, \
          not wasip2, so that std adds no WASI imports)",
         path.display()
     )]
@@ -72,7 +72,7 @@ pub enum LoadError {
     /// Exports do not match a world.
     #[error(
         "operator `{uid}`: component {} implements neither world `operator` nor `co-operator` of \
-         weir:operator@0.2.0 (as `operator`: {one}; as `co-operator`: {two}); rebuild it against wit/operator.wit",
+         weir:operator@0.3.0 (as `operator`: {one}; as `co-operator`: {two}); rebuild it against wit/operator.wit",
         path.display()
     )]
     WrongWorld {
@@ -98,7 +98,7 @@ pub enum LoadError {
 }
 
 /// The version of the WIT package (`wit/operator.wit`) this host implements.
-pub const CONTRACT: &str = "0.2.0";
+pub const CONTRACT: &str = "0.3.0";
 
 /// A failure inside a guest call.
 #[derive(Debug, Error)]
@@ -242,11 +242,11 @@ impl LoadedComponent {
         classify(bytes).map_err(not)?;
         let component = Component::new(engine, bytes).map_err(|e| not(format!("{e:#}")))?;
         let granted = [
-            "weir:operator/types@0.2.0",
-            "weir:operator/context@0.2.0",
-            "weir:operator/collector@0.2.0",
-            "weir:operator/timers@0.2.0",
-            "weir:operator/logging@0.2.0",
+            "weir:operator/types@0.3.0",
+            "weir:operator/context@0.3.0",
+            "weir:operator/collector@0.3.0",
+            "weir:operator/timers@0.3.0",
+            "weir:operator/logging@0.3.0",
         ];
         let ungranted: Vec<String> = component
             .component_type()
@@ -459,10 +459,10 @@ impl OperatorInstance {
         call!(self, "describe", call_describe)
     }
 
-    /// `open`.
+    /// `setup` (the WIT export behind `OperatorLogic::open`).
     pub fn open(&mut self, config: &[(String, String)]) -> Result<(), GuestError> {
-        let r = call!(self, "open", call_open, config)?;
-        Self::result("open", r)
+        let r = call!(self, "setup", call_setup, config)?;
+        Self::result("setup", r)
     }
 
     /// `process` (one-input) or `process-left`/`process-right` (two-input).
@@ -540,10 +540,10 @@ impl OperatorInstance {
         Self::result("restore", r)
     }
 
-    /// `close`.
+    /// `finish` (the WIT export behind `OperatorLogic::close`).
     pub fn close(&mut self) -> Result<(), GuestError> {
-        let r = call!(self, "close", call_close)?;
-        Self::result("close", r)
+        let r = call!(self, "finish", call_finish)?;
+        Self::result("finish", r)
     }
 
     /// Takes the records emitted since the last call.
