@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs Weir's whole test suite on a fresh machine: installs the WebAssembly target, checks
 # formatting and lints, then runs every test (the tests build the guest components they use;
-# JavaScript and Python guests install their pinned componentizers with npm / pip on first use).
+# C, JavaScript and Python guests install their toolchains with apt-get / npm / pip on first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,4 +1,4 @@
-//! `cargo bench -p weir --bench lang`: the wordcount counter in Rust, JavaScript (QuickJS)
+//! `cargo bench -p weir --bench lang`: the wordcount counter in Rust, C, JavaScript (QuickJS)
 //! and Python (componentize-py), same host, same batches: records/s through the operator alone, compile time,
 //! instance start (instantiate + open) and RSS per idle instance.
 
@@ -20,7 +20,7 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-fn build() -> (PathBuf, PathBuf, PathBuf) {
+fn build() -> (PathBuf, PathBuf, PathBuf, PathBuf) {
     let st = Command::new(env!("CARGO"))
         .args(["build", "--profile", "guest", "--target", "wasm32-unknown-unknown", "-p", "wordcount-counter"])
         .current_dir(root())
@@ -43,7 +43,15 @@ fn build() -> (PathBuf, PathBuf, PathBuf) {
         .status()
         .unwrap();
     assert!(st.success());
-    (root().join("target/wasm32-unknown-unknown/guest/wordcount_counter.wasm"), js, py)
+    let c = root().join("target/c/counter_c.wasm");
+    let st = Command::new("bash")
+        .arg(root().join("guest-sdk/c/build.sh"))
+        .arg(root().join("examples/wordcount/counter-c/counter.c"))
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    (root().join("target/wasm32-unknown-unknown/guest/wordcount_counter.wasm"), c, js, py)
 }
 
 fn task() -> TaskInfo {
@@ -65,7 +73,7 @@ fn rss_kb() -> u64 {
 }
 
 fn main() {
-    let (rust, js, py) = build();
+    let (rust, c_counter, js, py) = build();
     let mut input = Vec::new();
     let mut i = 0u64;
     for _ in 0..16 {
@@ -82,7 +90,9 @@ fn main() {
         "{:<12} {:>9} {:>11} {:>12} {:>12} {:>14}",
         "counter", "size", "compile", "start p50", "idle RSS", "records/s"
     );
-    for (label, path, rounds) in [("Rust", &rust, 4000usize), ("JavaScript", &js, 300), ("Python", &py, 300)] {
+    for (label, path, rounds) in
+        [("Rust", &rust, 4000usize), ("C", &c_counter, 4000), ("JavaScript", &js, 300), ("Python", &py, 300)]
+    {
         let bytes = std::fs::read(path).unwrap();
         let t = Instant::now();
         let c = LoadedComponent::from_bytes(&engine, "count", path, &bytes).unwrap();

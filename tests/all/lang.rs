@@ -1,7 +1,7 @@
 //! Operators in other languages: the same contract, state, checkpoints and savepoints as Rust.
-//! JavaScript (QuickJS, componentize-qjs: `guest-sdk/js/weir.js`) and Python (componentize-py:
-//! `guest-sdk/python/src/weir.py`); the wordcount counter in `examples/wordcount/counter-js`
-//! and `counter-py`.
+//! C (clang + wasi-libc + wit-bindgen c: `guest-sdk/c`), JavaScript (QuickJS, componentize-qjs:
+//! `guest-sdk/js/weir.js`) and Python (componentize-py: `guest-sdk/python/src/weir.py`); the
+//! wordcount counter in `examples/wordcount/counter-c`, `counter-js` and `counter-py`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +12,11 @@ use weir::runtime::faults::{Fault, FaultKind, FaultPlan};
 use weir::sandbox::engine::new_engine;
 
 use crate::savepoints::{start, wait_records, wordcount_expected, wordcount_job_with};
-use crate::support::{committed_lines, component, js_component, py_component, run_job_in, scratch, toml_path};
+use crate::support::{
+    c_component, committed_lines, component, js_component, py_component, run_job_in, scratch, toml_path,
+};
 
+const C_COUNTER: &str = "examples/wordcount/counter-c/counter.c";
 const JS_COUNTER: &str = "examples/wordcount/counter-js/counter.js";
 const PY_COUNTER: &str = "examples/wordcount/counter-py/app.py";
 
@@ -40,6 +43,11 @@ fn output_matches_the_rust_counter(counter: std::path::PathBuf) {
     let (r, o) = (committed_lines(&rust.path().join("out")), committed_lines(&other.path().join("out")));
     assert_eq!(r.len(), 457);
     assert!(r == o, "the counter's output differs from the Rust counter's");
+}
+
+#[test]
+fn lang_c_wordcount_output_is_byte_identical_to_the_rust_counter() {
+    output_matches_the_rust_counter(c_component(C_COUNTER));
 }
 
 #[test]
@@ -74,6 +82,11 @@ fn restores_after_a_failure(counter: std::path::PathBuf) {
 }
 
 #[test]
+fn lang_c_checkpoint_restores_after_a_failure_with_exactly_once() {
+    restores_after_a_failure(c_component(C_COUNTER));
+}
+
+#[test]
 fn lang_js_checkpoint_restores_after_a_failure_with_exactly_once() {
     restores_after_a_failure(js_component(JS_COUNTER));
 }
@@ -84,12 +97,13 @@ fn lang_python_checkpoint_restores_after_a_failure_with_exactly_once() {
 }
 
 #[test]
-fn lang_savepoints_move_between_rust_javascript_and_python_counters() {
-    // Rust (p=2) -> JavaScript (p=3) -> Python (p=2) -> Rust (p=1), a savepoint between each:
-    // state is language-independent by contract.
+fn lang_savepoints_move_between_rust_c_javascript_and_python_counters() {
+    // Rust (p=2) -> C (p=1) -> JavaScript (p=3) -> Python (p=2) -> Rust (p=1), a savepoint
+    // between each: state is language-independent by contract.
     let d = scratch();
     let chain = [
         (component("wordcount_counter"), 2),
+        (c_component(C_COUNTER), 1),
         (js_component(JS_COUNTER), 3),
         (py_component(PY_COUNTER), 2),
         (component("wordcount_counter"), 1),
@@ -107,4 +121,40 @@ fn lang_savepoints_move_between_rust_javascript_and_python_counters() {
         r.thread.join().unwrap().unwrap();
     }
     assert_eq!(committed_lines(&d.path().join("out")), wordcount_expected());
+}
+
+/// Rust v1 (schema 1) -> savepoint -> `v2` in another language (schema 2, migrates from 1)
+/// -> savepoint -> Rust v2 (examples/upgrade/counter-v2) to the end: the migration ran, and
+/// wrote exactly the layout the Rust v2 reads.
+fn migrates_like_rust(v2: std::path::PathBuf) {
+    let d = scratch();
+    let (sp1, sp2) = (d.path().join("sp1"), d.path().join("sp2"));
+    let r = start(d.path(), &wordcount_job_with(&component("wordcount_counter"), 2, 2000), None, false);
+    wait_records(&r, "count", 1000);
+    r.handle.savepoint(Some(sp1.clone()), true, Duration::from_secs(60)).unwrap();
+    r.thread.join().unwrap().unwrap();
+    let r = start(d.path(), &wordcount_job_with(&v2, 2, 2000), Some(sp1), false);
+    wait_records(&r, "count", 1000);
+    r.handle.savepoint(Some(sp2.clone()), true, Duration::from_secs(60)).unwrap();
+    r.thread.join().unwrap().unwrap();
+    let m = weir::checkpoint::storage::load(&sp2).unwrap().manifest;
+    assert_eq!(m.operator("count").unwrap().component.as_ref().unwrap().schema_version, 2);
+    let r = start(d.path(), &wordcount_job_with(&component("wordcount_counter_v2"), 2, 0), Some(sp2), false);
+    r.thread.join().unwrap().unwrap();
+    assert_eq!(committed_lines(&d.path().join("out")), wordcount_expected());
+}
+
+#[test]
+fn lang_c_migrates_schema_1_state_like_rust() {
+    migrates_like_rust(c_component("examples/upgrade/counter-v2-c/counter.c"));
+}
+
+#[test]
+fn lang_js_migrates_schema_1_state_like_rust() {
+    migrates_like_rust(js_component("examples/upgrade/counter-v2-js/counter.js"));
+}
+
+#[test]
+fn lang_python_migrates_schema_1_state_like_rust() {
+    migrates_like_rust(py_component("examples/upgrade/counter-v2-py/app.py"));
 }

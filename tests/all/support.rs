@@ -76,6 +76,12 @@ pub fn js_component(src: &str) -> PathBuf {
     sdk_component("js", src)
 }
 
+/// A C operator built with `guest-sdk/c/build.sh` (which installs clang, lld and wasi-libc
+/// with apt-get, and wasm-tools with pip), once per test run.
+pub fn c_component(src: &str) -> PathBuf {
+    sdk_component("c", src)
+}
+
 /// A Python operator module built with `guest-sdk/python/build.sh` (which installs the pinned
 /// componentize-py), once per test run.
 pub fn py_component(src: &str) -> PathBuf {
@@ -98,7 +104,7 @@ fn sdk_component(lang: &str, src: &str) -> PathBuf {
         .expect("running guest-sdk/js/build.sh");
     assert!(
         run.status.success(),
-        "building {src} failed (JavaScript needs node and npm, Python needs python3 with venv):\n{}{}",
+        "building {src} failed (JavaScript needs node and npm, Python python3 with venv, C apt-get as root):\n{}{}",
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
