@@ -64,4 +64,13 @@ static inline void weir_u64_encode(uint64_t v, uint8_t out[8]) {
     for (int i = 0; i < 8; i++) out[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* Writes `v` in decimal to `out` (at least 20 bytes); returns the length. No stdio needed. */
+static inline size_t weir_fmt_u64(uint64_t v, uint8_t *out) {
+    char d[20];
+    int i = 20;
+    do { d[--i] = (char)('0' + v % 10); v /= 10; } while (v);
+    for (int j = i; j < 20; j++) out[j - i] = (uint8_t)d[j];
+    return (size_t)(20 - i);
+}
+
 #endif

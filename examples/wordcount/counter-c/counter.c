@@ -25,10 +25,6 @@ int weir_on_record(weir_ctx *ctx, const weir_record *rec) {
     size_t klen = rec->key.len < 480 ? rec->key.len : 480;
     memcpy(value, rec->key.ptr, klen);
     value[klen] = ' ';
-    char d[20];
-    int i = 20;
-    do { d[--i] = (char)('0' + n % 10); n /= 10; } while (n);
-    memcpy(value + klen + 1, d + i, (size_t)(20 - i));
-    weir_emit(ctx, rec->key.ptr, rec->key.len, value, klen + 1 + (size_t)(20 - i));
+    weir_emit(ctx, rec->key.ptr, rec->key.len, value, klen + 1 + weir_fmt_u64(n, value + klen + 1));
     return 0;
 }
