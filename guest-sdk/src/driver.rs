@@ -149,22 +149,21 @@ pub fn snapshot<Op: Operator>(slot: &Slot<Op>, mode: types::SnapshotMode) -> Res
 
 fn take_snapshot(rt: &mut Runtime, mode: types::SnapshotMode) -> Result<types::OperatorSnapshot> {
     let full = matches!(mode, types::SnapshotMode::Full);
+    // From the first snapshot on (checkpointing is on), removals are remembered until the
+    // next one, which may be incremental. Without checkpoints nothing accumulates.
+    for s in &rt.keyed {
+        s.table.borrow_mut().track_removals();
+    }
     let mut keyed = Vec::new();
     for slot in 0..rt.group_count() {
-        let dirty = rt.keyed.iter().any(|s| s.table.borrow().is_dirty(slot));
         let empty = rt.keyed.iter().all(|s| s.table.borrow().len(slot) == 0);
-        // Full: every group with data. Incremental: every changed group, even if it became
-        // empty (that is how a cleared group is told apart from an unchanged one).
-        if (full && !empty) || (!full && dirty) {
-            let mut data = Vec::new();
-            if !empty {
-                encode_group(&rt.keyed, slot, &mut data)?;
-            }
+        // Both modes list every group with state (absent = no state): full blobs, or delta
+        // blobs of the changes since the previous snapshot (4 bytes for a clean group).
+        let mut data = Vec::new();
+        encode_group(&rt.keyed, slot, &mut data, !full)?;
+        if !empty {
             keyed.push(types::KeyGroupState { key_group: rt.task.key_group_start + slot as u32, data });
         }
-    }
-    for s in &rt.keyed {
-        s.table.borrow_mut().clear_dirty();
     }
     let mut operator_state = Vec::new();
     if !rt.operator_states.is_empty() {

@@ -3,8 +3,11 @@
 //! Invariants:
 //! - keyed state lives in one table per owned key group (`[start, end)` of the subtask), so
 //!   the host can snapshot, redistribute and restore it per key group;
-//! - every write marks its key group dirty; an incremental snapshot returns exactly the
-//!   dirty groups and clears the marks;
+//! - every write marks its entry changed and its key group dirty (one store each, no extra
+//!   lookup); from the first snapshot on (so only with checkpointing), removals are
+//!   remembered until the next snapshot as well. An incremental snapshot lists every key group with state: a delta blob of the
+//!   entries changed and removed since the previous snapshot (empty for a clean group); any
+//!   snapshot clears the marks;
 //! - values are encoded with bincode 1.x defaults only at snapshot time, never per record.
 
 use std::cell::RefCell;
@@ -18,29 +21,78 @@ use crate::context::Context;
 use crate::hash::FxBuildHasher;
 use crate::{Error, Result};
 
-type Table<V> = HashMap<Box<[u8]>, V, FxBuildHasher>;
+type Table<V> = HashMap<Box<[u8]>, Entry<V>, FxBuildHasher>;
 type Shared<T> = Rc<RefCell<T>>;
+
+/// A value and whether it changed since the previous snapshot.
+pub(crate) struct Entry<V> {
+    value: V,
+    changed: bool,
+}
+
+impl<V> Entry<V> {
+    #[inline]
+    fn new(value: V) -> Self {
+        Entry { value, changed: true }
+    }
+
+    #[inline]
+    fn value_mut(&mut self) -> &mut V {
+        self.changed = true;
+        &mut self.value
+    }
+}
+
+/// Delta blobs (`wit/operator.wit`): bit 31 of the state count; a removed key's value length.
+pub(crate) const DELTA_FLAG: u32 = 0x8000_0000;
+const TOMBSTONE: u32 = u32::MAX;
 
 /// The per-key-group tables of one keyed state.
 pub(crate) struct KeyedTable<V> {
     groups: Vec<Table<V>>,
     dirty: Vec<bool>,
+    /// Keys removed since the previous snapshot, per group (only while `tracking`).
+    removed: Vec<Vec<Box<[u8]>>>,
+    /// The host takes incremental snapshots: remember removals.
+    tracking: bool,
 }
 
 impl<V> KeyedTable<V> {
     fn new(group_count: usize) -> Self {
-        KeyedTable { groups: (0..group_count).map(|_| Table::default()).collect(), dirty: vec![false; group_count] }
+        KeyedTable {
+            groups: (0..group_count).map(|_| Table::default()).collect(),
+            dirty: vec![false; group_count],
+            removed: (0..group_count).map(|_| Vec::new()).collect(),
+            tracking: false,
+        }
     }
 
     #[inline]
-    fn group(&self, slot: usize) -> &Table<V> {
-        &self.groups[slot]
+    fn get(&self, slot: usize, key: &[u8]) -> Option<&V> {
+        self.groups[slot].get(key).map(|e| &e.value)
     }
 
     #[inline]
-    fn group_mut(&mut self, slot: usize) -> &mut Table<V> {
+    fn get_mut(&mut self, slot: usize, key: &[u8]) -> Option<&mut V> {
+        let e = self.groups[slot].get_mut(key)?;
         self.dirty[slot] = true;
-        &mut self.groups[slot]
+        Some(e.value_mut())
+    }
+
+    #[inline]
+    fn insert(&mut self, slot: usize, key: &[u8], value: V) {
+        self.dirty[slot] = true;
+        self.groups[slot].insert(key.into(), Entry::new(value));
+    }
+
+    #[inline]
+    fn remove(&mut self, slot: usize, key: &[u8]) -> Option<V> {
+        let (k, e) = self.groups[slot].remove_entry(key)?;
+        self.dirty[slot] = true;
+        if self.tracking {
+            self.removed[slot].push(k);
+        }
+        Some(e.value)
     }
 }
 
@@ -48,12 +100,14 @@ impl<V> KeyedTable<V> {
 pub(crate) trait ErasedTable {
     /// Number of entries in group `slot`.
     fn len(&self, slot: usize) -> usize;
-    /// Appends group `slot`'s entries (`u32 klen, key, u32 vlen, value` each).
-    fn write_group(&self, slot: usize, out: &mut Vec<u8>) -> Result<()>;
-    /// Inserts one entry decoded from `value` into group `slot`.
+    /// Appends group `slot`'s entries (`u32 klen, key, u32 vlen, value` each): all of them,
+    /// or (`changed_only`) the changed ones and the removed keys (value length
+    /// `0xFFFF_FFFF`). Clears the group's marks. Returns the number of entries written.
+    fn write_group(&mut self, slot: usize, out: &mut Vec<u8>, changed_only: bool) -> Result<u32>;
+    /// Inserts one entry decoded from `value` into group `slot` (unchanged).
     fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()>;
-    fn is_dirty(&self, slot: usize) -> bool;
-    fn clear_dirty(&mut self);
+    /// Removed keys are remembered from now on (incremental snapshots).
+    fn track_removals(&mut self);
 }
 
 impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
@@ -61,31 +115,46 @@ impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
         self.groups[slot].len()
     }
 
-    fn write_group(&self, slot: usize, out: &mut Vec<u8>) -> Result<()> {
-        for (k, v) in &self.groups[slot] {
+    fn write_group(&mut self, slot: usize, out: &mut Vec<u8>, changed_only: bool) -> Result<u32> {
+        let mut n = 0;
+        let dirty = std::mem::replace(&mut self.dirty[slot], false);
+        let removed = std::mem::take(&mut self.removed[slot]);
+        if changed_only && !dirty {
+            return Ok(0);
+        }
+        for (k, e) in self.groups[slot].iter_mut() {
+            if changed_only && !e.changed {
+                continue;
+            }
+            e.changed = false;
             out.extend_from_slice(&(k.len() as u32).to_le_bytes());
             out.extend_from_slice(k);
             let len_at = out.len();
             out.extend_from_slice(&0u32.to_le_bytes());
-            bincode::serialize_into(&mut *out, v)?;
+            bincode::serialize_into(&mut *out, &e.value)?;
             let vlen = (out.len() - len_at - 4) as u32;
             out[len_at..len_at + 4].copy_from_slice(&vlen.to_le_bytes());
+            n += 1;
         }
-        Ok(())
+        if changed_only {
+            for k in removed.iter().filter(|k| !self.groups[slot].contains_key(&k[..])) {
+                out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+                out.extend_from_slice(k);
+                out.extend_from_slice(&TOMBSTONE.to_le_bytes());
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()> {
         let v: V = bincode::deserialize(value)?;
-        self.groups[slot].insert(key.into(), v);
+        self.groups[slot].insert(key.into(), Entry { value: v, changed: false });
         Ok(())
     }
 
-    fn is_dirty(&self, slot: usize) -> bool {
-        self.dirty[slot]
-    }
-
-    fn clear_dirty(&mut self) {
-        self.dirty.iter_mut().for_each(|d| *d = false);
+    fn track_removals(&mut self) {
+        self.tracking = true;
     }
 }
 
@@ -157,25 +226,22 @@ impl<T> ValueState<T> {
     where
         T: Clone,
     {
-        self.table.borrow().group(ctx.slot()).get(ctx.key()).cloned()
+        self.table.borrow().get(ctx.slot(), ctx.key()).cloned()
     }
 
     /// Runs `f` on the current key's value, if any.
     #[inline]
     pub fn with<R>(&self, ctx: &Context<'_>, f: impl FnOnce(Option<&T>) -> R) -> R {
-        f(self.table.borrow().group(ctx.slot()).get(ctx.key()))
+        f(self.table.borrow().get(ctx.slot(), ctx.key()))
     }
 
     /// Sets the current key's value.
     #[inline]
     pub fn set(&self, ctx: &Context<'_>, value: T) {
         let mut t = self.table.borrow_mut();
-        let g = t.group_mut(ctx.slot());
-        match g.get_mut(ctx.key()) {
+        match t.get_mut(ctx.slot(), ctx.key()) {
             Some(v) => *v = value,
-            None => {
-                g.insert(ctx.key().into(), value);
-            }
+            None => t.insert(ctx.slot(), ctx.key(), value),
         }
     }
 
@@ -187,20 +253,19 @@ impl<T> ValueState<T> {
         T: Default,
     {
         let mut t = self.table.borrow_mut();
-        let g = t.group_mut(ctx.slot());
-        if let Some(v) = g.get_mut(ctx.key()) {
+        if let Some(v) = t.get_mut(ctx.slot(), ctx.key()) {
             return f(v);
         }
         let mut v = T::default();
         let r = f(&mut v);
-        g.insert(ctx.key().into(), v);
+        t.insert(ctx.slot(), ctx.key(), v);
         r
     }
 
     /// Removes the current key's value.
     #[inline]
     pub fn clear(&self, ctx: &Context<'_>) {
-        self.table.borrow_mut().group_mut(ctx.slot()).remove(ctx.key());
+        self.table.borrow_mut().remove(ctx.slot(), ctx.key());
     }
 }
 
@@ -214,12 +279,9 @@ impl<T> ListState<T> {
     #[inline]
     pub fn push(&self, ctx: &Context<'_>, value: T) {
         let mut t = self.table.borrow_mut();
-        let g = t.group_mut(ctx.slot());
-        match g.get_mut(ctx.key()) {
+        match t.get_mut(ctx.slot(), ctx.key()) {
             Some(l) => l.push(value),
-            None => {
-                g.insert(ctx.key().into(), vec![value]);
-            }
+            None => t.insert(ctx.slot(), ctx.key(), vec![value]),
         }
     }
 
@@ -227,13 +289,13 @@ impl<T> ListState<T> {
     #[inline]
     pub fn with<R>(&self, ctx: &Context<'_>, f: impl FnOnce(&[T]) -> R) -> R {
         let t = self.table.borrow();
-        f(t.group(ctx.slot()).get(ctx.key()).map(|l| l.as_slice()).unwrap_or(&[]))
+        f(t.get(ctx.slot(), ctx.key()).map(|l| l.as_slice()).unwrap_or(&[]))
     }
 
     /// Removes the current key's list.
     #[inline]
     pub fn clear(&self, ctx: &Context<'_>) {
-        self.table.borrow_mut().group_mut(ctx.slot()).remove(ctx.key());
+        self.table.borrow_mut().remove(ctx.slot(), ctx.key());
     }
 }
 
@@ -247,11 +309,10 @@ impl<K: Ord, V> MapState<K, V> {
     #[inline]
     pub fn insert(&self, ctx: &Context<'_>, k: K, v: V) -> Option<V> {
         let mut t = self.table.borrow_mut();
-        let g = t.group_mut(ctx.slot());
-        match g.get_mut(ctx.key()) {
+        match t.get_mut(ctx.slot(), ctx.key()) {
             Some(m) => m.insert(k, v),
             None => {
-                g.insert(ctx.key().into(), BTreeMap::from([(k, v)]));
+                t.insert(ctx.slot(), ctx.key(), BTreeMap::from([(k, v)]));
                 None
             }
         }
@@ -263,18 +324,17 @@ impl<K: Ord, V> MapState<K, V> {
     where
         V: Clone,
     {
-        self.table.borrow().group(ctx.slot()).get(ctx.key()).and_then(|m| m.get(k).cloned())
+        self.table.borrow().get(ctx.slot(), ctx.key()).and_then(|m| m.get(k).cloned())
     }
 
     /// Removes `k` from the current key's map.
     #[inline]
     pub fn remove(&self, ctx: &Context<'_>, k: &K) -> Option<V> {
         let mut t = self.table.borrow_mut();
-        let g = t.group_mut(ctx.slot());
-        let m = g.get_mut(ctx.key())?;
+        let m = t.get_mut(ctx.slot(), ctx.key())?;
         let v = m.remove(k);
         if m.is_empty() {
-            g.remove(ctx.key());
+            t.remove(ctx.slot(), ctx.key());
         }
         v
     }
@@ -282,7 +342,7 @@ impl<K: Ord, V> MapState<K, V> {
     /// Runs `f` on the current key's map (None when empty).
     #[inline]
     pub fn with<R>(&self, ctx: &Context<'_>, f: impl FnOnce(Option<&BTreeMap<K, V>>) -> R) -> R {
-        f(self.table.borrow().group(ctx.slot()).get(ctx.key()))
+        f(self.table.borrow().get(ctx.slot(), ctx.key()))
     }
 }
 
@@ -331,16 +391,30 @@ impl<T: Clone> OperatorList<T> {
     }
 }
 
-/// Encodes one key group's blob (see `wit/operator.wit`, "Keyed state layout").
-pub(crate) fn encode_group(states: &[Registered], slot: usize, out: &mut Vec<u8>) -> Result<()> {
-    out.extend_from_slice(&(states.len() as u32).to_le_bytes());
+/// Encodes one key group's blob (see `wit/operator.wit`, "Keyed state layout"): every
+/// entry, or (`delta`) a delta blob of what changed since the previous snapshot (states
+/// without changes left out). Clears the group's change marks either way.
+pub(crate) fn encode_group(states: &[Registered], slot: usize, out: &mut Vec<u8>, delta: bool) -> Result<()> {
+    let start = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut count = 0u32;
     for s in states {
-        let t = s.table.borrow();
+        let mut t = s.table.borrow_mut();
+        let at = out.len();
         out.extend_from_slice(&(s.name.len() as u32).to_le_bytes());
         out.extend_from_slice(s.name.as_bytes());
-        out.extend_from_slice(&(t.len(slot) as u32).to_le_bytes());
-        t.write_group(slot, out)?;
+        let n_at = out.len();
+        out.extend_from_slice(&0u32.to_le_bytes());
+        let n = t.write_group(slot, out, delta)?;
+        if delta && n == 0 {
+            out.truncate(at);
+            continue;
+        }
+        out[n_at..n_at + 4].copy_from_slice(&n.to_le_bytes());
+        count += 1;
     }
+    let flag = if delta { DELTA_FLAG } else { 0 };
+    out[start..start + 4].copy_from_slice(&(count | flag).to_le_bytes());
     Ok(())
 }
 

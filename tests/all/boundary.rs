@@ -153,18 +153,60 @@ fn boundary_snapshots_are_per_key_group_and_restore_into_a_subset() {
 }
 
 #[test]
-fn boundary_incremental_snapshot_holds_only_changed_key_groups() {
+fn boundary_incremental_snapshot_holds_only_changed_entries() {
+    use weir::checkpoint::layout::{apply_delta, decode, decode_delta, is_delta};
     let c = probe();
     let mut a = instance(&c, 1, 0);
-    a.process(Side::Left, &keyed(&[("a", "count"), ("b", "count"), ("c", "count")])).unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    let kg = |k: &str| key_group(k.as_bytes(), MAX_P);
+    // Keys removed later, each sharing its key group with a key that stays.
+    let shared: Vec<&String> = keys.iter().filter(|k| keys.iter().filter(|o| kg(o) == kg(k)).count() >= 3).collect();
+    let (gone1, gone2) = (shared[0].as_str(), shared[1].as_str());
+    let recs: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "count")).collect();
+    a.process(Side::Left, &keyed(&recs)).unwrap();
     let full = a.snapshot(1, SnapshotMode::Full).unwrap();
-    assert_eq!(full.keyed.len(), 3);
-    a.process(Side::Left, &keyed(&[("b", "count")])).unwrap();
+    assert!(full.keyed.iter().all(|g| !is_delta(&g.data)));
+    let changes = |s: &OperatorSnapshot| -> Vec<(Vec<u8>, bool)> {
+        let mut c: Vec<(Vec<u8>, bool)> = s
+            .keyed
+            .iter()
+            .flat_map(|g| decode_delta(&g.data).unwrap())
+            .flat_map(|(_, e)| e.into_iter().map(|(k, v)| (k, v.is_some())))
+            .collect();
+        c.sort();
+        c
+    };
+    // One key changes, one is removed: the delta holds exactly those two entries; every
+    // other group with state is listed as an empty delta.
+    a.process(Side::Left, &keyed(&[("k7", "count"), (gone1, "forget")])).unwrap();
     let inc = a.snapshot(2, SnapshotMode::Incremental).unwrap();
-    let groups: Vec<u32> = inc.keyed.iter().map(|g| g.key_group).collect();
-    assert_eq!(groups, vec![key_group(b"b", MAX_P)]);
-    let none = a.snapshot(3, SnapshotMode::Incremental).unwrap();
-    assert!(none.keyed.is_empty());
+    assert!(inc.keyed.iter().all(|g| is_delta(&g.data)));
+    assert_eq!(full.keyed.len(), inc.keyed.len());
+    let mut want = vec![(b"k7".to_vec(), true), (gone1.as_bytes().to_vec(), false)];
+    want.sort();
+    assert_eq!(changes(&inc), want);
+    a.process(Side::Left, &keyed(&[(gone2, "forget"), ("k9", "count")])).unwrap();
+    let inc2 = a.snapshot(3, SnapshotMode::Incremental).unwrap();
+    let mut want = vec![(b"k9".to_vec(), true), (gone2.as_bytes().to_vec(), false)];
+    want.sort();
+    assert_eq!(changes(&inc2), want);
+    let clean = a.snapshot(4, SnapshotMode::Incremental).unwrap();
+    assert!(clean.keyed.iter().all(|g| g.data.len() == 4), "clean groups are 4-byte empty deltas");
+    // Folding full + deltas gives what a full snapshot gives now.
+    let now = a.snapshot(5, SnapshotMode::Full).unwrap();
+    assert_eq!(now.keyed.len(), full.keyed.len());
+    for g in &now.keyed {
+        let find = |s: &OperatorSnapshot| s.keyed.iter().find(|x| x.key_group == g.key_group).map(|x| x.data.clone());
+        let mut blob = find(&full).unwrap_or_default();
+        for d in [&inc, &inc2, &clean] {
+            blob = apply_delta(&blob, &find(d).unwrap_or_default()).unwrap();
+        }
+        let (mut x, mut y) = (decode(&blob).unwrap(), decode(&g.data).unwrap());
+        // (A full blob lists empty states too; folding drops them.)
+        y.retain(|n| !n.entries.is_empty());
+        x.iter_mut().chain(y.iter_mut()).for_each(|n| n.entries.sort());
+        assert_eq!(x, y, "key group {}", g.key_group);
+    }
 }
 
 #[test]

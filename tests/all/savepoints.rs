@@ -25,10 +25,12 @@ const COUNT: u64 = 24_000;
 const KEYS: u64 = 48;
 
 /// The oracle job: generator → oracle (`comp`, parallelism `p`) → file sinks (parallelism `p`).
+/// The oracle job; its checkpoints are incremental, so every savepoint, rescale and upgrade
+/// test also checks that forced checkpoints are full and that chains fold on recovery.
 fn oracle_job(comp: &str, p: u32, rate: u64, extra_config: &str) -> String {
     format!(
         "[job]\nname = \"sp\"\nmax_parallelism = 32\nbatch_size = 64\nchannel_capacity = 4\n\
-         [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
+         [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\nincremental = true\n\
          [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {COUNT}\nkeys = {KEYS}\nrate = {rate}\n\
          [[operator]]\nid = \"oracle\"\ncomponent = {}\nparallelism = {p}\nconfig = {{ keys = \"{KEYS}\"{extra_config} }}\n\
          inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
@@ -124,6 +126,7 @@ fn savepoint_stop_then_restore_from_a_moved_directory_equals_an_uninterrupted_ru
     std::fs::remove_dir_all(d.path().join("chk")).unwrap();
     let m = storage::load(&moved).unwrap().manifest;
     assert_eq!(m.kind, weir::checkpoint::metadata::SnapshotKind::Savepoint);
+    assert!(m.operators.iter().flat_map(|o| &o.subtasks).all(|s| s.chain.is_empty()), "savepoints are full");
     let r = start(d.path(), &oracle_job("test_oracle", 2, 0, ""), Some(moved), false);
     let s = r.thread.join().unwrap().unwrap();
     assert!(s.restored_from.is_some());
@@ -348,7 +351,8 @@ fn upgrade_live_refusals_leave_the_job_running() {
 #[test]
 fn savepoint_without_checkpointing_is_refused_clearly() {
     let d = scratch();
-    let toml = oracle_job("test_oracle", 1, 20_000, "").replace("[checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n", "");
+    let toml = oracle_job("test_oracle", 1, 20_000, "")
+        .replace("[checkpoint]\ninterval_ms = 100\ndir = \"chk\"\nincremental = true\n", "");
     let r = start(d.path(), &toml, None, false);
     wait_records(&r, "oracle", 100);
     let e = r.handle.savepoint(None, false, Duration::from_secs(10)).unwrap_err();

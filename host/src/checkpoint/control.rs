@@ -1,5 +1,9 @@
 //! Messages between the checkpoint coordinator and the subtasks (outside the data channels).
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crate::checkpoint::incremental::ChainLink;
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
@@ -31,6 +35,9 @@ pub enum Control {
         /// The new component.
         factory: OperatorFactory,
     },
+    /// Checkpoint `id` must be a full snapshot (savepoints, live upgrades): no delta, no
+    /// chain. Sent before its `Trigger`.
+    FullSnapshot(CheckpointId),
     /// Every subtask of the operator prepared the upgrade at `id` (`commit`) or at least one
     /// failed (roll back to the old instance).
     UpgradeDecision {
@@ -50,6 +57,7 @@ impl std::fmt::Debug for Control {
             Control::Shutdown => write!(f, "Shutdown"),
             Control::SuspendAfter(id) => write!(f, "SuspendAfter({id})"),
             Control::Stop => write!(f, "Stop"),
+            Control::FullSnapshot(id) => write!(f, "FullSnapshot({id})"),
             Control::PrepareUpgrade { id, factory } => {
                 write!(f, "PrepareUpgrade({id}, {} {})", factory.info().name, factory.info().version)
             }
@@ -80,6 +88,8 @@ pub struct Ack {
     pub crc32: u32,
     /// Timings.
     pub timing: Timing,
+    /// Incremental snapshots: the earlier files this one builds on.
+    pub chain: Vec<ChainLink>,
     /// Loop heads: records in transit on back-edges, logged into this state.
     pub logged_records: u64,
     /// Their size.
@@ -151,4 +161,9 @@ pub struct WriteJob {
     pub state: SubtaskState,
     /// Timings so far (align, sync).
     pub timing: Timing,
+    /// Incremental snapshots: the earlier files this one builds on.
+    pub chain: Vec<ChainLink>,
+    /// Set by the writer when this task's file could not be written (or builds on one
+    /// that was not): the task's next snapshot must be full.
+    pub base_lost: Arc<AtomicBool>,
 }

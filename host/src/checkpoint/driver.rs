@@ -25,7 +25,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::checkpoint::control::{Ack, Control, Event};
 use crate::checkpoint::coordinator::{AckOutcome, CheckpointSettings, Coordinator, TriggerDecision};
 use crate::checkpoint::metadata::{
-    CheckpointMetrics, ComponentEntry, FORMAT_VERSION, Manifest, OperatorEntry, SubtaskEntry,
+    CheckpointMetrics, ComponentEntry, Manifest, OperatorEntry, SubtaskEntry, format_version_for,
 };
 use crate::checkpoint::storage::{CheckpointStore, export_savepoint, store_component};
 use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
@@ -238,12 +238,14 @@ pub fn run(
                     }
                     if let Some(sp) = savepoint.as_mut().filter(|s| s.id.is_none()) {
                         sp.id = Some(id);
+                        broadcast(Control::FullSnapshot(id));
                         if sp.stop {
                             broadcast(Control::SuspendAfter(id));
                         }
                     }
                     if let Some(u) = upgrade.as_mut().filter(|u| u.id.is_none()) {
                         u.id = Some(id);
+                        broadcast(Control::FullSnapshot(id));
                         send_to(&u.tasks, Control::PrepareUpgrade { id, factory: u.factory.clone() });
                     }
                     trigger_unix.insert(id, unix_ms());
@@ -372,13 +374,14 @@ pub fn run(
                             bytes: a.bytes,
                             crc32: a.crc32,
                             key_groups: t.key_groups,
+                            chain: a.chain.clone(),
                         });
                     }
                     for op in &mut operators {
                         op.subtasks.sort_by_key(|s| s.index);
                     }
                     let mut manifest = Manifest {
-                        format_version: FORMAT_VERSION,
+                        format_version: format_version_for(&operators),
                         kind: Default::default(),
                         job: cfg.job.clone(),
                         checkpoint_id: id.0,

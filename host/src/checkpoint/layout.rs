@@ -2,9 +2,15 @@
 //! `u32 state-count, { name, u32 entry-count, { key, value } }`, every length a u32 LE.
 //! Keyed key-group blobs and the non-keyed `operator-state` share it.
 //!
-//! The host reads it only where it must: to redistribute non-keyed state on rescale and to
-//! drop state an upgraded operator no longer declares. Invariant: `decode(encode(x)) == x`,
-//! and a malformed blob is an error, never a panic or a partial result.
+//! The host reads it only where it must: to redistribute non-keyed state on rescale, to
+//! drop state an upgraded operator no longer declares, and to fold incremental snapshots
+//! (delta blobs) into full ones on restore. Invariants: `decode(encode(x)) == x`;
+//! `apply_delta(a, delta(a → b)) == b`; a malformed blob is an error, never a panic or a
+//! partial result.
+//!
+//! A **delta blob** (what an `incremental` snapshot may return for a key group) has bit 31
+//! of the state count set; its entries are upserts, and an entry whose value length is
+//! `0xFFFF_FFFF` (no value bytes follow) removes the key.
 
 use thiserror::Error;
 
@@ -46,10 +52,24 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Decodes a blob; empty means no state.
+/// Bit 31 of the state count: the blob is a delta.
+pub const DELTA_FLAG: u32 = 0x8000_0000;
+/// Value length of a removed key in a delta blob.
+pub const TOMBSTONE: u32 = u32::MAX;
+
+/// Whether `blob` is a delta (see the module docs).
+pub fn is_delta(blob: &[u8]) -> bool {
+    blob.len() >= 4 && u32::from_le_bytes(blob[..4].try_into().unwrap()) & DELTA_FLAG != 0
+}
+
+/// Decodes a full blob; empty means no state. A delta blob is an error (fold it into its
+/// base with [`apply_delta`] first).
 pub fn decode(blob: &[u8]) -> Result<Vec<NamedState>, LayoutError> {
     if blob.is_empty() {
         return Ok(Vec::new());
+    }
+    if is_delta(blob) {
+        return Err(LayoutError { at: 0, what: "a full blob (this is a delta of an incremental snapshot)" });
     }
     let mut c = Cursor { buf: blob, pos: 0 };
     let n = c.u32("state count")?;
@@ -80,14 +100,122 @@ pub fn max_value_len(blob: &[u8]) -> Result<usize, LayoutError> {
     }
     let mut c = Cursor { buf: blob, pos: 0 };
     let mut max = 0;
-    for _ in 0..c.u32("state count")? {
+    let count = c.u32("state count")?;
+    let delta = count & DELTA_FLAG != 0;
+    for _ in 0..count & !DELTA_FLAG {
         c.chunk("state name")?;
         for _ in 0..c.u32("entry count")? {
             c.chunk("entry key")?;
+            if delta && c.buf.get(c.pos..c.pos + 4) == Some(&TOMBSTONE.to_le_bytes()[..]) {
+                c.pos += 4;
+                continue;
+            }
             max = max.max(c.chunk("entry value")?.len());
         }
     }
+    if c.pos != blob.len() {
+        return Err(LayoutError { at: c.pos, what: "end of blob" });
+    }
     Ok(max)
+}
+
+/// One state's changes in a delta blob: (key, `Some(value)` upsert or `None` removal).
+pub type DeltaState = (String, Vec<(Vec<u8>, Option<Vec<u8>>)>);
+
+/// Decodes a delta blob.
+pub fn decode_delta(blob: &[u8]) -> Result<Vec<DeltaState>, LayoutError> {
+    let mut c = Cursor { buf: blob, pos: 0 };
+    let count = c.u32("state count")?;
+    if count & DELTA_FLAG == 0 {
+        return Err(LayoutError { at: 0, what: "a delta blob (bit 31 of the state count)" });
+    }
+    let mut out = Vec::new();
+    for _ in 0..count & !DELTA_FLAG {
+        let name = std::str::from_utf8(c.chunk("state name")?)
+            .map_err(|_| LayoutError { at: c.pos, what: "UTF-8 state name" })?
+            .to_string();
+        let mut entries = Vec::new();
+        for _ in 0..c.u32("entry count")? {
+            let k = c.chunk("entry key")?.to_vec();
+            if c.buf.get(c.pos..c.pos + 4) == Some(&TOMBSTONE.to_le_bytes()[..]) {
+                c.pos += 4;
+                entries.push((k, None));
+            } else {
+                entries.push((k, Some(c.chunk("entry value")?.to_vec())));
+            }
+        }
+        out.push((name, entries));
+    }
+    if c.pos != blob.len() {
+        return Err(LayoutError { at: c.pos, what: "end of blob" });
+    }
+    Ok(out)
+}
+
+/// Encodes a delta blob (used by tests and native operators; guests write their own).
+pub fn encode_delta(states: &[DeltaState]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(states.len() as u32 | DELTA_FLAG).to_le_bytes());
+    for (name, entries) in states {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for (k, v) in entries {
+            out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            out.extend_from_slice(k);
+            match v {
+                Some(v) => {
+                    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    out.extend_from_slice(v);
+                }
+                None => out.extend_from_slice(&TOMBSTONE.to_le_bytes()),
+            }
+        }
+    }
+    out
+}
+
+/// Folds `next` (a key group's blob from a newer snapshot: full, which replaces, or a
+/// delta, which patches) onto `base` (a full blob, empty = no state); returns a full blob.
+/// Entries keep their order; new keys go to the end of their state; a state left with no
+/// entries is dropped.
+pub fn apply_delta(base: &[u8], next: &[u8]) -> Result<Vec<u8>, LayoutError> {
+    if !is_delta(next) {
+        return Ok(next.to_vec());
+    }
+    let mut states = decode(base)?;
+    for (name, changes) in decode_delta(next)? {
+        let i = match states.iter().position(|s| s.name == name) {
+            Some(i) => i,
+            None => {
+                states.push(NamedState { name, entries: Vec::new() });
+                states.len() - 1
+            }
+        };
+        let entries = &mut states[i].entries;
+        let mut index: std::collections::HashMap<Vec<u8>, usize> =
+            entries.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let mut removed = vec![false; entries.len()];
+        for (k, v) in changes {
+            match (index.get(&k).copied(), v) {
+                (Some(i), Some(v)) => {
+                    entries[i].1 = v;
+                    removed[i] = false;
+                }
+                (Some(i), None) => removed[i] = true,
+                (None, Some(v)) => {
+                    index.insert(k.clone(), entries.len());
+                    entries.push((k, v));
+                    removed.push(false);
+                }
+                (None, None) => {}
+            }
+        }
+        let mut r = removed.into_iter();
+        entries.retain(|_| !r.next().unwrap());
+    }
+    states.retain(|s| !s.entries.is_empty());
+    Ok(encode(&states))
 }
 
 /// Encodes states; no states encode as an empty blob.
@@ -146,6 +274,74 @@ mod tests {
                 prop_assert!(decode(&b[..cut]).is_err());
             }
         }
+    }
+
+    fn delta_between(a: &[NamedState], b: &[NamedState]) -> Vec<DeltaState> {
+        let mut out = Vec::new();
+        for sb in b {
+            let old = a.iter().find(|s| s.name == sb.name);
+            let mut ch = Vec::new();
+            for (k, v) in &sb.entries {
+                if old.and_then(|o| o.entries.iter().find(|e| &e.0 == k)).map(|e| &e.1) != Some(v) {
+                    ch.push((k.clone(), Some(v.clone())));
+                }
+            }
+            if let Some(o) = old {
+                for (k, _) in &o.entries {
+                    if !sb.entries.iter().any(|e| &e.0 == k) {
+                        ch.push((k.clone(), None));
+                    }
+                }
+            }
+            out.push((sb.name.clone(), ch));
+        }
+        for sa in a {
+            if !b.iter().any(|s| s.name == sa.name) {
+                out.push((sa.name.clone(), sa.entries.iter().map(|e| (e.0.clone(), None)).collect()));
+            }
+        }
+        out
+    }
+
+    /// Unique keys per state, non-empty states (what a guest's snapshot holds).
+    fn table() -> impl Strategy<Value = Vec<NamedState>> {
+        proptest::collection::btree_map(
+            "[a-c]",
+            proptest::collection::btree_map(proptest::collection::vec(0u8..4, 0..2), any::<Vec<u8>>(), 1..5),
+            0..3,
+        )
+        .prop_map(|m| m.into_iter().map(|(name, e)| NamedState { name, entries: e.into_iter().collect() }).collect())
+    }
+
+    fn sorted(mut s: Vec<NamedState>) -> Vec<NamedState> {
+        s.sort_by(|a, b| a.name.cmp(&b.name));
+        for n in &mut s {
+            n.entries.sort();
+        }
+        s
+    }
+
+    proptest! {
+        #[test]
+        fn a_delta_applied_to_its_base_gives_the_new_state(a in table(), b in table(), garbage in any::<Vec<u8>>()) {
+            let d = encode_delta(&delta_between(&a, &b));
+            prop_assert!(is_delta(&d));
+            prop_assert_eq!(decode_delta(&d).unwrap(), delta_between(&a, &b));
+            let folded = apply_delta(&encode(&a), &d).unwrap();
+            prop_assert_eq!(sorted(decode(&folded).unwrap()), sorted(b.clone()));
+            // A full blob replaces; deltas never decode as full blobs; garbage never panics.
+            prop_assert_eq!(apply_delta(&encode(&a), &encode(&b)).unwrap(), encode(&b));
+            prop_assert!(decode(&d).is_err());
+            let _ = apply_delta(&encode(&a), &garbage);
+            let _ = max_value_len(&garbage);
+        }
+    }
+
+    #[test]
+    fn max_value_len_skips_removals_in_deltas() {
+        let d = encode_delta(&[("s".into(), vec![(vec![1], None), (vec![2], Some(vec![0; 7]))])]);
+        assert_eq!(max_value_len(&d).unwrap(), 7);
+        assert!(max_value_len(&d[..d.len() - 1]).is_err());
     }
 
     #[test]

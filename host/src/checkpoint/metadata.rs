@@ -9,13 +9,21 @@
 //!
 //! Format history: 1 = the first release; 2 adds `kind` (checkpoint or savepoint), the
 //! declared state of each operator's component, the component's digest and live-upgrade
-//! history. Version 1 manifests still load (the new fields default to empty).
+//! history. Version 1 manifests still load (the new fields default to empty). 3 adds the
+//! `chain` of incremental snapshots; a manifest without chains is still written as 2, so
+//! older Weir versions read it, and one with chains as 3, which they refuse rather than
+//! restore only the newest deltas.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Current manifest format version.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The version a manifest is written with: 3 only when it needs chains.
+pub fn format_version_for(operators: &[OperatorEntry]) -> u32 {
+    if operators.iter().flat_map(|o| &o.subtasks).any(|s| !s.chain.is_empty()) { 3 } else { 2 }
+}
 
 /// One piece of state an operator declared, as recorded at the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +78,10 @@ pub struct SubtaskEntry {
     pub crc32: u32,
     /// Key groups owned: `[start, end)`.
     pub key_groups: (u32, u32),
+    /// Incremental snapshots: the earlier state files this one builds on, oldest (a full
+    /// snapshot) first (`checkpoint/incremental.rs`). Empty: the file is self-contained.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chain: Vec<crate::checkpoint::incremental::ChainLink>,
 }
 
 /// One node of the job.
@@ -257,6 +269,7 @@ mod tests {
                     bytes: 9,
                     crc32: 1,
                     key_groups: (0, 128),
+                    chain: vec![],
                 }],
                 retired: vec![],
             }],

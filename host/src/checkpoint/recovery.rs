@@ -418,6 +418,7 @@ mod tests {
                 bytes: 0,
                 crc32: 0,
                 key_groups: (r.start, r.end),
+                chain: vec![],
             });
         }
         LoadedCheckpoint {

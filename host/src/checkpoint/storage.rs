@@ -5,7 +5,9 @@
 //! Invariants: every file is written to a temporary name, fsynced, then renamed (and the
 //! directory fsynced), so a reader never sees a partial file; the manifest is written last,
 //! so a directory without a valid manifest is an incomplete checkpoint and is never restored;
-//! a checkpoint is used only if the manifest and every state file verify.
+//! a checkpoint is used only if the manifest and every state file verify, including the
+//! earlier files an incremental snapshot builds on (`chk-<n>/<file>` of its chain); a
+//! checkpoint directory is kept while a retained checkpoint's chain needs it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -13,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+use crate::checkpoint::incremental::fold_keyed;
 use crate::checkpoint::metadata::{CheckpointMetrics, Manifest, ManifestError};
 use crate::checkpoint::snapshot::{StateFileError, SubtaskState};
 use crate::ids::CheckpointId;
@@ -188,15 +191,23 @@ impl CheckpointStore {
     }
 
     /// Deletes completed checkpoints beyond the newest `retained`, and incomplete ones older
-    /// than the newest complete one.
+    /// than the newest complete one, except directories the chains of the kept ones need.
     pub fn retain(&self, retained: usize) -> std::io::Result<()> {
         let listed = self.list();
         let complete: Vec<u64> = listed.iter().filter(|l| l.status.is_ok()).map(|l| l.id).collect();
         let Some(&newest) = complete.last() else { return Ok(()) };
         let keep_from = complete.len().saturating_sub(retained.max(1));
-        let keep: Vec<u64> = complete[keep_from..].to_vec();
+        let mut keep: Vec<u64> = complete[keep_from..].to_vec();
+        let needed: Vec<u64> = listed
+            .iter()
+            .filter(|l| keep.contains(&l.id))
+            .filter_map(|l| l.status.as_ref().ok())
+            .flat_map(|m| m.operators.iter().flat_map(|o| o.subtasks.iter().flat_map(|s| s.chain.iter())))
+            .map(|c| c.checkpoint)
+            .collect();
+        keep.extend(needed);
         for l in listed {
-            let drop = if l.status.is_ok() { !keep.contains(&l.id) } else { l.id < newest };
+            let drop = !keep.contains(&l.id) && (l.status.is_ok() || l.id < newest);
             if drop {
                 fs::remove_dir_all(&l.path)?;
             }
@@ -242,10 +253,22 @@ pub fn export_savepoint(chk_dir: &Path, manifest: &Manifest, target: &Path) -> s
     let mut bytes = 0;
     let mut m = manifest.clone();
     m.kind = crate::checkpoint::metadata::SnapshotKind::Savepoint;
+    // Savepoints are full snapshots; should one build on a chain, it is folded here so the
+    // savepoint never depends on the checkpoint directory.
+    let folded = match m.operators.iter().flat_map(|o| &o.subtasks).any(|s| !s.chain.is_empty()) {
+        true => Some(load(chk_dir).map_err(|e| std::io::Error::other(e.to_string()))?),
+        false => None,
+    };
     for op in &mut m.operators {
-        for s in &op.subtasks {
+        for s in &mut op.subtasks {
             let (from, to) = (chk_dir.join(&s.file), target.join(&s.file));
-            if fs::hard_link(&from, &to).is_err() {
+            if let Some(state) =
+                folded.as_ref().filter(|_| !s.chain.is_empty()).map(|f| &f.states[&(op.uid.clone(), s.index)])
+            {
+                let (encoded, crc) = state.encode();
+                write_atomic(&to, &encoded)?;
+                (s.bytes, s.crc32, s.chain) = (encoded.len() as u64, crc, Vec::new());
+            } else if fs::hard_link(&from, &to).is_err() {
                 fs::copy(&from, &to)?;
                 File::open(&to)?.sync_all()?;
             }
@@ -264,6 +287,7 @@ pub fn export_savepoint(chk_dir: &Path, manifest: &Manifest, target: &Path) -> s
             c.stored = Some(format!("components/{name}"));
         }
     }
+    m.format_version = crate::checkpoint::metadata::format_version_for(&m.operators);
     let encoded = m.encode();
     write_atomic(&target.join(MANIFEST), &encoded)?;
     Ok(bytes + encoded.len() as u64)
@@ -303,6 +327,9 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
             if !plain_file_name(&s.file) {
                 return Err(bad(format!("state file `{}` of `{}` is not a plain file name", s.file, op.uid)));
             }
+            if let Some(l) = s.chain.iter().find(|l| !plain_file_name(&l.file)) {
+                return Err(bad(format!("chained state file `{}` of `{}` is not a plain file name", l.file, op.uid)));
+            }
         }
         if let Some(stored) = op.component.as_ref().and_then(|c| c.stored.as_ref())
             && !stored_component_path(stored)
@@ -311,17 +338,35 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
         }
     }
     let mut states = std::collections::BTreeMap::new();
+    let read = |dir: &Path, file: &str, uid: &str, subtask: u32| -> Result<SubtaskState, CheckpointError> {
+        let path = dir.join(file);
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        SubtaskState::decode(&bytes).map_err(|source| CheckpointError::State {
+            path: dir.to_path_buf(),
+            file: file.to_string(),
+            uid: uid.to_string(),
+            subtask,
+            source,
+        })
+    };
     for op in &manifest.operators {
         for s in &op.subtasks {
-            let path = dir.join(&s.file);
-            let bytes = fs::read(&path).map_err(io(&path))?;
-            let state = SubtaskState::decode(&bytes).map_err(|source| CheckpointError::State {
-                path: dir.to_path_buf(),
-                file: s.file.clone(),
-                uid: op.uid.clone(),
-                subtask: s.index,
-                source,
-            })?;
+            let mut state = read(dir, &s.file, &op.uid, s.index)?;
+            if !s.chain.is_empty() {
+                let root = dir.parent().unwrap_or(Path::new("."));
+                let mut files = Vec::with_capacity(s.chain.len() + 1);
+                for l in &s.chain {
+                    files.push(read(&root.join(format!("chk-{}", l.checkpoint)), &l.file, &op.uid, s.index)?.keyed);
+                }
+                files.push(std::mem::take(&mut state.keyed));
+                state.keyed = fold_keyed(files).map_err(|(kg, e)| CheckpointError::State {
+                    path: dir.to_path_buf(),
+                    file: s.file.clone(),
+                    uid: op.uid.clone(),
+                    subtask: s.index,
+                    source: StateFileError::Decode(format!("key group {kg} does not fold onto its chain: {e}")),
+                })?;
+            }
             states.insert((op.uid.clone(), s.index), state);
         }
     }
@@ -347,7 +392,14 @@ mod tests {
                 kind: "operator".into(),
                 parallelism: 1,
                 component: None,
-                subtasks: vec![SubtaskEntry { index: 0, file: file.into(), bytes, crc32: crc, key_groups: (0, 8) }],
+                subtasks: vec![SubtaskEntry {
+                    index: 0,
+                    file: file.into(),
+                    bytes,
+                    crc32: crc,
+                    key_groups: (0, 8),
+                    chain: vec![],
+                }],
                 retired: vec![],
             }],
             metrics: CheckpointMetrics { id, ..Default::default() },
@@ -407,6 +459,75 @@ mod tests {
         store.publish(&m).unwrap();
         assert!(load(&store.chk_dir(CheckpointId(1))).unwrap_err().to_string().contains("is not components/"));
         assert!(stored_component_path(&format!("../components/{}.wasm", "a".repeat(64))));
+    }
+
+    fn keyed(entries: &[(&[u8], Option<&[u8]>)], delta: bool) -> SubtaskState {
+        use crate::checkpoint::layout::{NamedState, encode, encode_delta};
+        let data = if delta {
+            encode_delta(&[("s".into(), entries.iter().map(|(k, v)| (k.to_vec(), v.map(|v| v.to_vec()))).collect())])
+        } else {
+            encode(&[NamedState {
+                name: "s".into(),
+                entries: entries.iter().map(|(k, v)| (k.to_vec(), v.unwrap().to_vec())).collect(),
+            }])
+        };
+        let kg = crate::checkpoint::snapshot::KeyGroupSnapshot {
+            key_group: 1,
+            data,
+            event_timers: vec![],
+            processing_timers: vec![],
+        };
+        SubtaskState { keyed: vec![kg], ..Default::default() }
+    }
+
+    /// Checkpoint `id` whose subtask file builds on `chain` (ids of earlier checkpoints).
+    fn chained(store: &CheckpointStore, id: u64, state: &SubtaskState, chain: &[u64]) {
+        let (bytes, crc) = store.write_state(CheckpointId(id), "op-0.state", state).unwrap();
+        let mut m = manifest(id, "op-0.state", bytes, crc);
+        m.operators[0].subtasks[0].chain = chain
+            .iter()
+            .map(|&c| crate::checkpoint::incremental::ChainLink { checkpoint: c, file: "op-0.state".into() })
+            .collect();
+        m.format_version = crate::checkpoint::metadata::format_version_for(&m.operators);
+        store.publish(&m).unwrap();
+    }
+
+    #[test]
+    fn incremental_chains_fold_on_load_are_kept_by_retention_and_folded_into_savepoints() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        chained(&store, 1, &keyed(&[(b"a", Some(b"1")), (b"b", Some(b"2"))], false), &[]);
+        chained(&store, 2, &keyed(&[(b"a", Some(b"3"))], true), &[1]);
+        chained(&store, 3, &keyed(&[(b"b", None), (b"c", Some(b"4"))], true), &[1, 2]);
+        let want = keyed(&[(b"a", Some(b"3")), (b"c", Some(b"4"))], false);
+        let c = store.latest(|e| panic!("{e}")).unwrap();
+        assert_eq!(c.states[&("op".to_string(), 0)].keyed, want.keyed);
+        assert!(
+            fs::read_to_string(store.chk_dir(CheckpointId(3)).join(MANIFEST))
+                .unwrap()
+                .starts_with("weir-checkpoint 3 ")
+        );
+        // Retaining one checkpoint keeps the directories its chain needs.
+        store.retain(1).unwrap();
+        assert_eq!(store.list().iter().map(|l| l.id).collect::<Vec<_>>(), vec![1, 2, 3]);
+        // A savepoint of a chained checkpoint is self-contained.
+        let sp = tmp.path().join("sp");
+        export_savepoint(&store.chk_dir(CheckpointId(3)), &c.manifest, &sp).unwrap();
+        let loaded = load(&sp).unwrap();
+        assert!(loaded.manifest.operators[0].subtasks[0].chain.is_empty());
+        assert_eq!(loaded.states[&("op".to_string(), 0)].keyed, want.keyed);
+        // Once a full checkpoint follows, the old chain goes.
+        chained(&store, 4, &want, &[]);
+        store.retain(1).unwrap();
+        assert_eq!(store.list().iter().map(|l| l.id).collect::<Vec<_>>(), vec![4]);
+        // A missing link makes the checkpoint unusable, naming the file.
+        chained(&store, 5, &keyed(&[(b"a", None)], true), &[4]);
+        chained(&store, 6, &keyed(&[(b"c", None)], true), &[4, 5]);
+        fs::remove_file(store.chk_dir(CheckpointId(5)).join("op-0.state")).unwrap();
+        let mut skipped = Vec::new();
+        let c = store.latest(|e| skipped.push(e.to_string())).unwrap();
+        assert_eq!(c.manifest.checkpoint_id, 4);
+        assert!(skipped[0].contains("chk-5") && skipped[0].contains("op-0.state"), "{skipped:?}");
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct CheckpointConfig {
     pub dir: PathBuf,
     /// Trigger, timeout and retention settings.
     pub settings: CheckpointSettings,
+    /// Incremental snapshots of keyed state (`checkpoint/incremental.rs`).
+    pub incremental: bool,
 }
 
 impl JobGraph {

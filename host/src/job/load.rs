@@ -340,6 +340,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     max_concurrent: positive(&c.max_concurrent, "max_concurrent", d.max_concurrent)?,
                     retained: positive(&c.retained, "retained", d.retained)?,
                 },
+                incremental: c.incremental,
             })
         }
         _ => None,

@@ -199,6 +199,10 @@ pub struct CheckpointSpec {
     /// Completed checkpoints kept.
     #[serde(default)]
     pub retained: Option<Spanned<u32>>,
+    /// Write only the keyed state changed since the previous checkpoint (referencing the
+    /// earlier files); savepoints stay full.
+    #[serde(default)]
+    pub incremental: bool,
 }
 
 /// `[restart]`

@@ -143,9 +143,13 @@ impl OperatorLogic for NativeKeyedCount {
         let full = matches!(mode, SnapshotMode::Full);
         let mut keyed = Vec::new();
         for (slot, g) in self.groups.iter().enumerate() {
-            if (full && !g.is_empty()) || (!full && self.dirty[slot]) {
+            // Every group with state: a changed one whole, an unchanged one (incremental
+            // mode) as an empty delta.
+            if !g.is_empty() {
                 let mut data = Vec::new();
-                if !g.is_empty() {
+                if !full && !self.dirty[slot] {
+                    data.extend_from_slice(&crate::checkpoint::layout::DELTA_FLAG.to_le_bytes());
+                } else {
                     data.extend_from_slice(&1u32.to_le_bytes());
                     data.extend_from_slice(&5u32.to_le_bytes());
                     data.extend_from_slice(b"count");

@@ -532,7 +532,11 @@ fn run_attempt(
                 controls.push(tx);
                 let index = task_templates.len();
                 task_templates.push(TaskTemplate { node: i, subtask: s, key_groups: (range.start, range.end) });
-                Some(Participant::new(index, format!("{}-{s}.state", n.id), rx, events_tx.clone(), writer_tx.clone()))
+                let incremental = g.checkpoint.as_ref().is_some_and(|c| c.incremental);
+                Some(
+                    Participant::new(index, format!("{}-{s}.state", n.id), rx, events_tx.clone(), writer_tx.clone())
+                        .with_incremental(incremental),
+                )
             } else {
                 None
             };

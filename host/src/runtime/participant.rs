@@ -16,6 +16,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::control::{Control, Event, Timing, WriteJob};
+use crate::checkpoint::incremental::IncrementalPolicy;
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::error::TaskFailure;
@@ -36,6 +37,12 @@ pub struct Participant {
     pub completed: u64,
     triggered: BTreeSet<CheckpointId>,
     last: Option<CheckpointId>,
+    /// Which snapshots may be incremental and what they build on.
+    incremental: IncrementalPolicy,
+    /// Checkpoints announced as full (`Control::FullSnapshot`).
+    forced_full: BTreeSet<CheckpointId>,
+    /// Set by the writer when a file of this task was not written.
+    base_lost: Arc<AtomicBool>,
 }
 
 impl Participant {
@@ -47,20 +54,73 @@ impl Participant {
         events: Sender<Event>,
         writer: Sender<WriteJob>,
     ) -> Self {
-        Participant { task, file, control, events, writer, completed: 0, triggered: BTreeSet::new(), last: None }
+        Participant {
+            task,
+            file,
+            control,
+            events,
+            writer,
+            completed: 0,
+            triggered: BTreeSet::new(),
+            last: None,
+            incremental: IncrementalPolicy::new(false),
+            forced_full: BTreeSet::new(),
+            base_lost: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Takes incremental snapshots (`[checkpoint] incremental = true`).
+    pub fn with_incremental(mut self, enabled: bool) -> Self {
+        self.incremental = IncrementalPolicy::new(enabled);
+        self
+    }
+
+    /// Checkpoint `id` must be full (`Control::FullSnapshot`).
+    pub fn force_full(&mut self, id: CheckpointId) {
+        self.forced_full.insert(id);
+    }
+
+    /// Whether the snapshot for `id` must be full (else it may be incremental).
+    pub fn snapshot_is_full(&mut self, id: CheckpointId) -> bool {
+        if self.base_lost.swap(false, Ordering::Relaxed) {
+            self.incremental.reset();
+        }
+        self.forced_full.retain(|f| *f >= id);
+        let forced = self.forced_full.remove(&id);
+        self.incremental.wants_full(forced)
+    }
+
+    /// Checkpoint `id` was aborted: a snapshot of it held back (a loop head's, waiting for
+    /// its back-edge log) will never be written.
+    pub fn aborted(&mut self, id: CheckpointId) {
+        self.incremental.dropped(id);
+    }
+
+    /// A snapshot for `id` was taken.
+    pub fn snapshot_taken(&mut self, id: CheckpointId, full: bool, keyed_bytes: u64) {
+        self.incremental.taken(id, &self.file, full, keyed_bytes);
+    }
+
+    /// The operator's state no longer matches what was snapshotted (a live upgrade
+    /// switched instances): the next snapshot is full.
+    pub fn state_replaced(&mut self) {
+        self.incremental.reset();
     }
 
     /// Hands the state of checkpoint `id` to the writer (the asynchronous part).
     pub fn submit(&mut self, id: CheckpointId, state: SubtaskState, timing: Timing) {
         self.last = Some(self.last.map_or(id, |l| l.max(id)));
         self.triggered.retain(|t| *t > id);
-        let job = WriteJob { task: self.task, id, file: self.file.clone(), state, timing };
+        let chain = self.incremental.submitted(id);
+        let base_lost = self.base_lost.clone();
+        let job = WriteJob { task: self.task, id, file: self.file.clone(), state, timing, chain, base_lost };
         let _ = self.writer.send(job);
     }
 
     /// Declines checkpoint `id`.
     pub fn decline(&mut self, id: CheckpointId, reason: String) {
         self.last = Some(self.last.map_or(id, |l| l.max(id)));
+        self.incremental.dropped(id);
         let _ = self.events.send(Event::Decline { task: self.task, id, reason });
     }
 
@@ -105,6 +165,7 @@ impl Participant {
                 Ok(Control::Abort(_))
                 | Ok(Control::SuspendAfter(_))
                 | Ok(Control::PrepareUpgrade { .. })
+                | Ok(Control::FullSnapshot(_))
                 | Ok(Control::UpgradeDecision { .. }) => {}
                 Err(RecvTimeoutError::Timeout) => {
                     if cancel.load(Ordering::Relaxed) {

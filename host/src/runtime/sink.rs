@@ -119,6 +119,7 @@ impl SinkTask {
                     Control::Shutdown
                     | Control::SuspendAfter(_)
                     | Control::PrepareUpgrade { .. }
+                    | Control::FullSnapshot(_)
                     | Control::UpgradeDecision { .. } => {}
                 },
                 Received::Message(_, Message::Data(batch)) => {

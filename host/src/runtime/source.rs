@@ -122,7 +122,10 @@ impl SourceTask {
                 }
             }
             Control::Stop => return Ok(Flow::Stop),
-            Control::Shutdown | Control::PrepareUpgrade { .. } | Control::UpgradeDecision { .. } => {}
+            Control::Shutdown
+            | Control::PrepareUpgrade { .. }
+            | Control::FullSnapshot(_)
+            | Control::UpgradeDecision { .. } => {}
         }
         Ok(Flow::Go)
     }

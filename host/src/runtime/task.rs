@@ -234,9 +234,25 @@ impl OperatorTask {
         Ok(())
     }
 
+    /// The synchronous part of a snapshot: full, or incremental when the job asks for it and
+    /// the chain allows (`checkpoint/incremental.rs`); the final state is always full.
     fn snapshot_state(&mut self, id: CheckpointId) -> Result<SubtaskState, TaskFailure> {
-        let snap = self.instance.snapshot(id.0, SnapshotMode::Full).map_err(|e| self.guest(e))?;
-        Ok(capture(self.instance.as_mut(), snap))
+        // A `FullSnapshot` or an upgrade for this checkpoint may still be queued.
+        self.read_control_ahead();
+        let upgrading = self.upgrade.as_ref().is_some_and(|(u, _)| *u == id);
+        let full = match self.checkpoints.as_mut() {
+            Some(p) => id.0 == u64::MAX || upgrading || p.snapshot_is_full(id),
+            None => true,
+        };
+        let mode = if full { SnapshotMode::Full } else { SnapshotMode::Incremental };
+        let snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
+        let state = capture(self.instance.as_mut(), snap);
+        if let Some(p) = self.checkpoints.as_mut()
+            && id.0 != u64::MAX
+        {
+            p.snapshot_taken(id, full, state.keyed.iter().map(|k| k.data.len() as u64).sum());
+        }
+        Ok(state)
     }
 
     /// An aligned barrier: forward it, capture the state (synchronous part), hand it to the
@@ -278,6 +294,9 @@ impl OperatorTask {
             (true, Ok(new)) => {
                 self.instance = new;
                 self.schema_version = factory.info().schema_version;
+                if let Some(p) = self.checkpoints.as_mut() {
+                    p.state_replaced();
+                }
                 true
             }
             _ => false,
@@ -293,10 +312,11 @@ impl OperatorTask {
     /// Moves every control message already queued into `deferred`, arming an upgrade if one
     /// is among them.
     fn read_control_ahead(&mut self) {
-        let Some(p) = self.checkpoints.as_ref() else { return };
+        let Some(p) = self.checkpoints.as_mut() else { return };
         while let Ok(c) = p.control.try_recv() {
             match c {
                 Control::PrepareUpgrade { id, factory } => self.upgrade = Some((id, factory)),
+                Control::FullSnapshot(id) => p.force_full(id),
                 other => self.deferred.push_back(other),
             }
         }
@@ -518,6 +538,9 @@ impl OperatorTask {
                     }
                     Control::Abort(id) => {
                         self.upgrade.take_if(|(u, _)| *u == id);
+                        if let Some(p) = self.checkpoints.as_mut() {
+                            p.aborted(id);
+                        }
                         if aligner.on_cancel(id) {
                             align_started = None;
                         }
@@ -529,6 +552,11 @@ impl OperatorTask {
                         }
                     }
                     Control::PrepareUpgrade { id, factory } => self.upgrade = Some((id, factory)),
+                    Control::FullSnapshot(id) => {
+                        if let Some(p) = self.checkpoints.as_mut() {
+                            p.force_full(id);
+                        }
+                    }
                     // Stop with savepoint: exit without `close` or end of stream, so the
                     // savepoint is exactly where the job resumes.
                     Control::Stop => return Ok(()),

@@ -53,6 +53,7 @@ impl Operator for Probe {
                 });
                 ctx.emit(rec.key, format!("{key}={n}").as_bytes());
             }
+            "forget" => self.count.clear(ctx),
             "emit" => {
                 for i in 0..arg.parse::<u32>()? {
                     ctx.emit(rec.key, i.to_string().as_bytes());
