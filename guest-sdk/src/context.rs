@@ -31,11 +31,20 @@ pub(crate) struct Runtime {
     pub emit: Vec<u8>,
     pub keyed: Vec<Registered>,
     pub operator_states: Vec<RegisteredOperatorState>,
+    /// Per key group, the size to reserve for its next (full, delta) snapshot blob.
+    pub blob_hint: (Vec<usize>, Vec<usize>),
 }
 
 impl Runtime {
     pub fn new(info: OperatorInfo, task: types::TaskInfo) -> Self {
-        Runtime { info, task, emit: Vec::with_capacity(64 * 1024), keyed: Vec::new(), operator_states: Vec::new() }
+        Runtime {
+            info,
+            task,
+            emit: Vec::with_capacity(64 * 1024),
+            keyed: Vec::new(),
+            operator_states: Vec::new(),
+            blob_hint: (Vec::new(), Vec::new()),
+        }
     }
 
     pub fn group_count(&self) -> usize {

@@ -159,8 +159,16 @@ fn take_snapshot(rt: &mut Runtime, mode: types::SnapshotMode) -> Result<types::O
         let empty = rt.keyed.iter().all(|s| s.table.borrow().len(slot) == 0);
         // Both modes list every group with state (absent = no state): full blobs, or delta
         // blobs of the changes since the previous snapshot (4 bytes for a clean group).
-        let mut data = Vec::new();
+        // Sized like this group's previous blob of the same kind: no doubling copies of
+        // large groups (shrunk in place afterwards when smaller).
+        let groups = rt.group_count();
+        let hint = if full { &mut rt.blob_hint.0 } else { &mut rt.blob_hint.1 };
+        hint.resize(groups, 0);
+        let mut data = Vec::with_capacity(hint[slot]);
         encode_group(&rt.keyed, slot, &mut data, !full)?;
+        let hint = if full { &mut rt.blob_hint.0 } else { &mut rt.blob_hint.1 };
+        hint[slot] = data.len() + data.len() / 8;
+        data.shrink_to_fit();
         if !empty {
             keyed.push(types::KeyGroupState { key_group: rt.task.key_group_start + slot as u32, data });
         }

@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod bench;
 pub mod checkpoint;
 pub mod connectors;
 pub mod graph;

@@ -318,3 +318,14 @@ fn a_component_built_against_another_contract_version_is_refused_naming_it() {
          weir:operator@0.3.0; rebuild it with the current SDK (Rust: weir-guest) or against wit/operator.wit"
     );
 }
+
+#[test]
+fn benchmark_options_in_the_wrong_place_are_refused_naming_the_fix() {
+    let e = validate_fails(&good_job().replace("count = 10\n", "count = 10\ntimestamps = \"wall\"\n"), |_| {});
+    assert!(e.contains("unknown timestamps `wall`") && e.contains("ingestion"), "{e}");
+    let e = validate_fails(
+        &good_job().replace("type = \"blackhole\"", "type = \"file\"\npath = \"out\"\nlatency = true"),
+        |_| {},
+    );
+    assert!(e.contains("sink `out`") && e.contains("`latency` is an option of `blackhole` sinks only"), "{e}");
+}

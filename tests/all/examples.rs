@@ -267,3 +267,53 @@ fn native_benchmark_counter_restores_the_components_snapshot() {
     let out: Vec<String> = native.take_emitted().iter().map(|r| String::from_utf8_lossy(r.value).into()).collect();
     assert_eq!(out, vec!["a 3", "b 2"]);
 }
+
+/// `weir bench` end to end on the example job files (tiny sizes): every configuration runs
+/// in its own `weir run --report` process and lands in the printed tables.
+#[test]
+fn bench_cli_runs_the_reference_jobs_and_prints_their_tables() {
+    guests();
+    let out = weir().args(["bench", "j1", "--records", "200000", "--runs", "1"]).current_dir(root()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for row in ["| 1 | off |", "| 1 | every 100 ms |", "| 2 | off, NATIVE operator |"] {
+        assert!(stdout.contains(row), "missing row `{row}` in:\n{stdout}");
+    }
+    // A bad directory is a clear error naming what is missing.
+    let out = weir().args(["bench", "j1", "--dir", "/nonexistent"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/j1.toml"));
+}
+
+/// Ingestion timestamps and a latency-measuring blackhole: `weir run --report` carries
+/// per-record latency quantiles (first second not measured), plus checkpoints and memory.
+#[test]
+fn bench_latency_sink_measures_every_record_after_the_warm_up() {
+    guests();
+    let d = scratch();
+    let job = d.path().join("job.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "[job]\nname = \"lat\"\n[checkpoint]\ninterval_ms = 200\ndir = \"chk\"\n\
+             [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 40000\nkeys = 100\nrate = 20000\ntimestamps = \"ingestion\"\n\
+             [[operator]]\nid = \"count\"\ncomponent = {}\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+             [[sink]]\nid = \"out\"\ntype = \"blackhole\"\nlatency = true\ninputs = [{{ from = \"count\" }}]\n",
+            toml_path(&component("wordcount_counter"))
+        ),
+    )
+    .unwrap();
+    let report = d.path().join("report.json");
+    let out = weir().arg("run").arg(&job).args(["--progress", "0", "--report"]).arg(&report).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("latency p50") && stderr.contains("peak memory"), "{stderr}");
+    let r: weir::bench::report::RunReport = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let sink = r.nodes.iter().find(|n| n.id == "out").unwrap();
+    assert_eq!(sink.records_in, 40_000);
+    let l = sink.latency.expect("the sink measured latency");
+    // 2 s of input at 20 000/s; the first second is warm-up.
+    assert!(l.samples > 10_000 && l.samples < 40_000, "{l:?}");
+    assert!(l.p50_ms <= l.p99_ms && l.p99_ms <= l.max_ms, "{l:?}");
+    assert!(!r.checkpoints.is_empty() && r.peak_rss_bytes > 0);
+}

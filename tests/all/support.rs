@@ -30,6 +30,7 @@ const GUESTS: &[&str] = &[
     "test-loop-oracle",
     "iterate-split",
     "iterate-components",
+    "bench-kv-store",
 ];
 
 /// Builds every guest component once per test run; returns their directory.

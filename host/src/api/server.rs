@@ -455,7 +455,7 @@ fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
             NodeKind::Sink(SinkKind::Stdout { .. }) => {
                 return Err(format!("sink `{}`: a server's stdout is shared; use a file sink", n.id));
             }
-            NodeKind::Sink(SinkKind::Blackhole) => {}
+            NodeKind::Sink(SinkKind::Blackhole { .. }) => {}
             NodeKind::Operator(op) => {
                 if !confined(&root.join("components"), &op.component) {
                     return Err(format!("operator `{}`: its component is not one you uploaded", n.id));

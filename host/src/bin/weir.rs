@@ -67,6 +67,30 @@ enum Command {
         /// Address of the job's control API (loopback only).
         #[arg(long, default_value = "127.0.0.1:0")]
         api: String,
+        /// Write the run's numbers (records, checkpoints, latency, peak memory) to this JSON
+        /// file when it finishes (used by `weir bench`).
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
+    },
+    /// Run the reference benchmarks (J1 keyed count, J3 large state, end-to-end latency)
+    /// from the job files in `examples/bench/`, each configuration in a fresh process, and
+    /// print the tables (see docs/benchmarks.md).
+    Bench {
+        /// `j1`, `j3`, `latency` or `all`.
+        #[arg(default_value = "all")]
+        scenario: String,
+        /// Directory of j1.toml, j3.toml and latency.toml.
+        #[arg(long, default_value = "examples/bench")]
+        dir: PathBuf,
+        /// Rounds per configuration (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// J1 records per run (default: the job file's count).
+        #[arg(long)]
+        records: Option<u64>,
+        /// Seconds per latency run.
+        #[arg(long, default_value_t = 10)]
+        latency_secs: u64,
     },
     /// Take a savepoint of a running job.
     Savepoint {
@@ -347,7 +371,57 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run { job, progress, quiet_guests, restore, from_savepoint, allow_non_restored_state, api } => {
+        Command::Bench { scenario, dir, runs, records, latency_secs } => {
+            let opts = weir::bench::BenchOptions {
+                exe: std::env::current_exe().context("locating the weir executable")?,
+                dir,
+                runs: runs.max(1),
+                j1_records: records,
+                latency_secs: latency_secs.max(2),
+            };
+            weir::bench::check_components(&opts.dir)?;
+            println!(
+                "# weir bench {scenario}: {} cores, {}",
+                std::thread::available_parallelism().map_or(1, |p| p.get()),
+                std::env::consts::ARCH
+            );
+            let max = match scenario.as_str() {
+                "j1" | "all" => Some(weir::bench::j1(&opts)?),
+                "j3" | "latency" => None,
+                other => anyhow::bail!("unknown benchmark `{other}`; use j1, j3, latency or all"),
+            };
+            if matches!(scenario.as_str(), "j3" | "all") {
+                weir::bench::j3(&opts)?;
+            }
+            if matches!(scenario.as_str(), "latency" | "all") {
+                let max = match max {
+                    Some(m) => m,
+                    None => {
+                        // The maximum first: J1 at p = 1 without checkpoints.
+                        let v = weir::bench::variant::Variant {
+                            interval_ms: Some(0),
+                            parallelism: Some(1),
+                            ..Default::default()
+                        };
+                        let r = weir::bench::run_variant(&opts, "j1.toml", &v)?;
+                        let n = r.nodes.first().map_or(0, |s| s.records_out);
+                        n as f64 / (r.elapsed_ms / 1e3)
+                    }
+                };
+                weir::bench::latency(&opts, max, 0.5)?;
+            }
+            Ok(())
+        }
+        Command::Run {
+            job,
+            progress,
+            quiet_guests,
+            restore,
+            from_savepoint,
+            allow_non_restored_state,
+            api,
+            report,
+        } => {
             let graph = job::load(&job)?;
             let engine =
                 new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
@@ -374,8 +448,16 @@ fn real_main(cli: Cli) -> Result<()> {
                 );
             }
             eprintln!("control API for job `{}` at http://{} (see {})", entry.key, server.addr, reg.display());
-            let result =
-                run_job(&bound, progress, quiet_guests, restore, from_savepoint, allow_non_restored_state, endpoint);
+            let result = run_job(
+                &bound,
+                progress,
+                quiet_guests,
+                restore,
+                from_savepoint,
+                allow_non_restored_state,
+                endpoint,
+                report,
+            );
             registry::unregister(&reg, pid);
             drop(server);
             result
@@ -412,6 +494,7 @@ fn run_job(
     from_savepoint: Option<PathBuf>,
     allow_non_restored_state: bool,
     endpoint: weir::runtime::handle::Endpoint,
+    report: Option<PathBuf>,
 ) -> Result<()> {
     {
         for w in &bound.warnings {
@@ -435,7 +518,14 @@ fn run_job(
             faults: None,
             endpoint: Some(endpoint),
         };
+        let started_unix_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let summary = executor::run(bound, &opts)?;
+        if let Some(path) = &report {
+            weir::bench::report::RunReport::new(bound, &summary, started_unix_ms)
+                .write(path)
+                .with_context(|| format!("writing the run report {}", path.display()))?;
+        }
         if let Some(sp) = &summary.stopped_with {
             eprintln!(
                 "job `{}` stopped with savepoint {} (checkpoint {}); resume with `weir run <job.toml> --from-savepoint {}`",
@@ -464,7 +554,14 @@ fn run_job(
                 n.records_out,
                 human(n.records_out as f64 / secs)
             );
+            if let Some(l) = &n.latency {
+                eprintln!(
+                    "  {:<16} latency p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms ({} records after a 1 s warm-up)",
+                    "", l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms, l.samples
+                );
+            }
         }
+        eprintln!("  peak memory (RSS) {:.1} MB", weir::bench::report::peak_rss_bytes() as f64 / 1e6);
         Ok(())
     }
 }

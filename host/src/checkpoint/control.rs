@@ -157,8 +157,8 @@ pub struct WriteJob {
     pub id: CheckpointId,
     /// File name in the checkpoint directory.
     pub file: String,
-    /// The state.
-    pub state: SubtaskState,
+    /// The state (shared: a finished subtask answers every later checkpoint with the same).
+    pub state: Arc<SubtaskState>,
     /// Timings so far (align, sync).
     pub timing: Timing,
     /// Incremental snapshots: the earlier files this one builds on.

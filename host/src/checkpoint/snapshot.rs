@@ -16,6 +16,7 @@ pub struct KeyGroupSnapshot {
     /// The key group.
     pub key_group: u32,
     /// The guest's blob (see "Keyed state layout" in `wit/operator.wit`).
+    #[serde(with = "bytes")]
     pub data: Vec<u8>,
     /// Event-time timers.
     pub event_timers: Timers,
@@ -57,6 +58,7 @@ pub struct LoggedBatch {
     /// Number of records.
     pub records: u32,
     /// The batch in record framing.
+    #[serde(with = "bytes")]
     pub bytes: Vec<u8>,
 }
 
@@ -66,6 +68,7 @@ pub struct SubtaskState {
     /// Keyed state by key group (operators).
     pub keyed: Vec<KeyGroupSnapshot>,
     /// Non-keyed operator state (opaque).
+    #[serde(with = "bytes")]
     pub operator_state: Vec<u8>,
     /// Source position (sources).
     pub source: Option<SourcePosition>,
@@ -81,6 +84,43 @@ pub struct SubtaskState {
 }
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
+
+/// Byte strings as one piece (`serialize_bytes`): the same bincode encoding as a `Vec<u8>`
+/// (u64 length, then the bytes), without a serializer call per byte.
+mod bytes {
+    use serde::de::{SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    struct V;
+
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<u8>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+            while let Some(b) = seq.next_element()? {
+                out.push(b);
+            }
+            Ok(out)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_byte_buf(V)
+    }
+}
 
 /// A state file that cannot be used.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -120,6 +160,42 @@ impl SubtaskState {
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
         out.extend_from_slice(&body);
         (out, crc)
+    }
+
+    /// Writes the state file format to `w` without building it in memory first (the body
+    /// streams through a CRC-32 and a buffer; the header is patched at the end). Returns the
+    /// bytes written and the body's CRC-32, exactly as [`SubtaskState::encode`] would.
+    pub fn encode_to<W: std::io::Write + std::io::Seek>(&self, mut w: W) -> std::io::Result<(u64, u32)> {
+        struct Crc<W> {
+            inner: W,
+            hasher: crc32fast::Hasher,
+            len: u64,
+        }
+        impl<W: std::io::Write> std::io::Write for Crc<W> {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let n = self.inner.write(b)?;
+                self.hasher.update(&b[..n]);
+                self.len += n as u64;
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                self.inner.flush()
+            }
+        }
+        let start = w.stream_position()?;
+        w.write_all(MAGIC)?;
+        w.write_all(&[0u8; 12])?;
+        let mut c =
+            Crc { inner: std::io::BufWriter::with_capacity(1 << 20, &mut w), hasher: crc32fast::Hasher::new(), len: 0 };
+        bincode::serialize_into(&mut c, self).map_err(std::io::Error::other)?;
+        std::io::Write::flush(&mut c)?;
+        let (crc, len) = (c.hasher.clone().finalize(), c.len);
+        drop(c);
+        w.seek(std::io::SeekFrom::Start(start + 8))?;
+        w.write_all(&crc.to_le_bytes())?;
+        w.write_all(&len.to_le_bytes())?;
+        w.seek(std::io::SeekFrom::Start(start + 20 + len))?;
+        Ok((len + 20, crc))
     }
 
     /// Decodes and verifies a state file.
@@ -165,6 +241,31 @@ mod tests {
     fn round_trips() {
         let (bytes, _) = sample().encode();
         assert_eq!(SubtaskState::decode(&bytes).unwrap(), sample());
+    }
+
+    #[test]
+    fn byte_fields_keep_the_vec_encoding() {
+        // Files written before byte strings were serialized in one piece still decode.
+        #[derive(serde::Serialize)]
+        struct Old {
+            key_group: u32,
+            data: Vec<u8>,
+            event_timers: Timers,
+            processing_timers: Timers,
+        }
+        let old = Old { key_group: 3, data: vec![1, 2, 3], event_timers: vec![], processing_timers: vec![] };
+        let new =
+            KeyGroupSnapshot { key_group: 3, data: vec![1, 2, 3], event_timers: vec![], processing_timers: vec![] };
+        assert_eq!(bincode::serialize(&old).unwrap(), bincode::serialize(&new).unwrap());
+        assert_eq!(bincode::deserialize::<KeyGroupSnapshot>(&bincode::serialize(&old).unwrap()).unwrap(), new);
+    }
+
+    #[test]
+    fn streaming_encoding_is_byte_identical() {
+        let mut cur = std::io::Cursor::new(Vec::new());
+        let (n, crc) = sample().encode_to(&mut cur).unwrap();
+        let (bytes, crc2) = sample().encode();
+        assert_eq!((cur.into_inner(), n, crc), (bytes.clone(), bytes.len() as u64, crc2));
     }
 
     #[test]

@@ -70,15 +70,22 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
 
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// Like [`write_atomic`], with `write` producing the content into the temporary file.
+pub fn write_atomic_with<T>(path: &Path, write: impl FnOnce(&mut File) -> std::io::Result<T>) -> std::io::Result<T> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
-    {
+    let out = {
         let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&tmp)?;
-        f.write_all(bytes)?;
+        let out = write(&mut f)?;
         f.sync_all()?;
-    }
+        out
+    };
     fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
+    File::open(dir)?.sync_all()?;
+    Ok(out)
 }
 
 /// A checkpoint whose manifest and state files all verified.
@@ -134,9 +141,7 @@ impl CheckpointStore {
     pub fn write_state(&self, id: CheckpointId, file: &str, state: &SubtaskState) -> std::io::Result<(u64, u32)> {
         let dir = self.chk_dir(id);
         fs::create_dir_all(&dir)?;
-        let (bytes, crc) = state.encode();
-        write_atomic(&dir.join(file), &bytes)?;
-        Ok((bytes.len() as u64, crc))
+        write_atomic_with(&dir.join(file), |f| state.encode_to(f))
     }
 
     /// Publishes the manifest: from now on checkpoint `manifest.checkpoint_id` is complete.

@@ -65,6 +65,9 @@ impl Generator {
             max = t.admit(max);
         }
         let mut n = 0;
+        let ingested = self.cfg.ingestion_time.then(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+        });
         while n < max && self.next < self.cfg.count {
             let i = self.next;
             self.key.clear();
@@ -81,7 +84,8 @@ impl Generator {
                     }
                 }
             }
-            let rec = crate::record::RecordRef { tag: 0, timestamp: i as i64, key: &self.key, value: &self.value };
+            let timestamp = ingested.unwrap_or(i as i64);
+            let rec = crate::record::RecordRef { tag: 0, timestamp, key: &self.key, value: &self.value };
             out.emit(rec)?;
             self.next += self.step;
             n += 1;

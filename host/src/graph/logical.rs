@@ -170,6 +170,8 @@ pub struct GeneratorConfig {
     pub rate: Option<u64>,
     /// Seed for value bytes.
     pub seed: u64,
+    /// Timestamps are the wall clock at creation (ms), not `i` (`timestamps = "ingestion"`).
+    pub ingestion_time: bool,
 }
 
 /// A WASM operator.
@@ -205,8 +207,12 @@ pub enum SinkKind {
         /// Line format.
         format: SinkFormat,
     },
-    /// Counts records, writes nothing (benchmarks).
-    Blackhole,
+    /// Counts records, writes nothing (benchmarks); `latency`: also measures each record's
+    /// latency from its ingestion timestamp.
+    Blackhole {
+        /// Measure latency.
+        latency: bool,
+    },
 }
 
 /// Which input of a two-input operator an edge feeds.

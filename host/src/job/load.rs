@@ -197,6 +197,19 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     value_bytes: s.value_bytes.as_ref().map(|v| *v.get_ref()),
                     rate: s.rate.as_ref().map(|v| *v.get_ref()).filter(|&r| r > 0),
                     seed: s.seed.as_ref().map(|v| *v.get_ref()).unwrap_or(0),
+                    ingestion_time: match s.timestamps.as_ref().map(|t| t.get_ref().as_str()) {
+                        None | Some("sequence") => false,
+                        Some("ingestion") => true,
+                        Some(other) => {
+                            return cx.err(
+                                s.timestamps.as_ref().unwrap().span(),
+                                format!(
+                                    "generator `{id}`: unknown timestamps `{other}`; use `sequence` (record i has \
+                                     time i) or `ingestion` (the wall clock when it is created, for latency)"
+                                ),
+                            );
+                        }
+                    },
                 })
             }
             other => {
@@ -244,6 +257,9 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 );
             }
         };
+        if let Some(l) = s.latency.as_ref().filter(|_| s.kind.get_ref() != "blackhole") {
+            return cx.err(l.span(), format!("sink `{id}`: `latency` is an option of `blackhole` sinks only"));
+        }
         let kind = match s.kind.get_ref().as_str() {
             "file" => {
                 let Some(path) = &s.path else {
@@ -252,7 +268,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 SinkKind::File { path: cx.path(path.get_ref()), format }
             }
             "stdout" => SinkKind::Stdout { format },
-            "blackhole" => SinkKind::Blackhole,
+            "blackhole" => SinkKind::Blackhole { latency: s.latency.as_ref().is_some_and(|l| *l.get_ref()) },
             other => {
                 return cx.err(
                     s.kind.span(),

@@ -113,6 +113,10 @@ pub struct SourceSpec {
     /// generator: seed of the value bytes.
     #[serde(default)]
     pub seed: Option<Spanned<u64>>,
+    /// Generator: `sequence` (record i has time i, the default) or `ingestion` (the wall
+    /// clock in ms when the record is created; for latency measurement).
+    #[serde(default)]
+    pub timestamps: Option<Spanned<String>>,
 }
 
 /// `[[operator]]`
@@ -152,6 +156,9 @@ pub struct SinkSpec {
     /// `value` (default): one line per record value; `key_value`: `<key> <value>`.
     #[serde(default)]
     pub format: Option<Spanned<String>>,
+    /// Blackhole: measure each record's latency from its (ingestion) timestamp.
+    #[serde(default)]
+    pub latency: Option<Spanned<bool>>,
     /// Where records come from.
     #[serde(default)]
     pub inputs: Vec<InputSpec>,

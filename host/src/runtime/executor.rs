@@ -8,6 +8,7 @@
 //! (not the disconnects it caused); an attempt starts only after every thread of the
 //! previous one has exited.
 
+use crate::runtime::latency::{LatencyRecorder, LatencySummary};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -89,7 +90,13 @@ pub struct NodeSummary {
     pub records_out: u64,
     /// Loop heads: most batches queued on one back-edge.
     pub feedback_peak_batches: u64,
+    /// Latency-measuring sinks: quantiles over every record after the warm-up.
+    pub latency: Option<LatencySummary>,
 }
+
+/// Records stamped within this long of a latency sink's first record are not measured
+/// (instantiation, first compilation of hot paths).
+pub const LATENCY_WARMUP_MS: i64 = 1000;
 
 /// What a finished run did.
 #[derive(Debug, Clone)]
@@ -626,7 +633,9 @@ fn run_attempt(
                             )
                         }
                         SinkKind::Stdout { format } => SinkWriter::Stdout(*format),
-                        SinkKind::Blackhole => SinkWriter::Blackhole,
+                        SinkKind::Blackhole { latency } => {
+                            SinkWriter::Blackhole(latency.then(|| LatencyRecorder::new(LATENCY_WARMUP_MS)))
+                        }
                     };
                     Task::Sink(SinkTask {
                         id: id.clone(),
@@ -808,7 +817,8 @@ fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) 
         .map(|(n, m)| {
             let (records_in, records_out) = m.read();
             let feedback_peak_batches = m.feedback_peak_batches.load(Ordering::Relaxed);
-            NodeSummary { id: n.id.clone(), records_in, records_out, feedback_peak_batches }
+            let latency = m.latency.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|h| h.summary());
+            NodeSummary { id: n.id.clone(), records_in, records_out, feedback_peak_batches, latency }
         })
         .collect()
 }

@@ -1,7 +1,10 @@
 //! Per-node record counters, updated once per batch (relaxed atomics) and read by the
 //! progress reporter.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::runtime::latency::LatencyHistogram;
 
 /// Counters of one node (all its subtasks).
 #[derive(Debug, Default)]
@@ -13,6 +16,8 @@ pub struct NodeMetrics {
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
     /// instead of blocking; this is their reported bound).
     pub feedback_peak_batches: AtomicU64,
+    /// Latency-measuring sinks: the merged histogram of the subtasks that finished.
+    pub latency: Mutex<Option<LatencyHistogram>>,
 }
 
 impl NodeMetrics {

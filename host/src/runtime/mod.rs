@@ -5,6 +5,7 @@ pub mod executor;
 pub mod faults;
 pub mod handle;
 pub mod input;
+pub mod latency;
 pub mod message;
 pub mod metrics;
 pub mod output;

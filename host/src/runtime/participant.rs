@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::control::{Control, Event, Timing, WriteJob};
-use crate::checkpoint::incremental::IncrementalPolicy;
+use crate::checkpoint::incremental::{ChainLink, IncrementalPolicy};
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::error::TaskFailure;
@@ -109,9 +109,13 @@ impl Participant {
 
     /// Hands the state of checkpoint `id` to the writer (the asynchronous part).
     pub fn submit(&mut self, id: CheckpointId, state: SubtaskState, timing: Timing) {
+        let chain = self.incremental.submitted(id);
+        self.submit_shared(id, Arc::new(state), timing, chain);
+    }
+
+    fn submit_shared(&mut self, id: CheckpointId, state: Arc<SubtaskState>, timing: Timing, chain: Vec<ChainLink>) {
         self.last = Some(self.last.map_or(id, |l| l.max(id)));
         self.triggered.retain(|t| *t > id);
-        let chain = self.incremental.submitted(id);
         let base_lost = self.base_lost.clone();
         let job = WriteJob { task: self.task, id, file: self.file.clone(), state, timing, chain, base_lost };
         let _ = self.writer.send(job);
@@ -134,19 +138,23 @@ impl Participant {
 
     /// Runs after the subtask's input is exhausted: acks every trigger with `state` (after
     /// `before_ack` for sinks, which pre-commit), applies `on_complete`, until `Shutdown`.
+    /// An operator's final state (taken as checkpoint `u64::MAX`, possibly incremental) is
+    /// shared by every later checkpoint, each referencing the same chain: applying the same
+    /// delta to the same base gives the same state.
     pub fn finish(
         &mut self,
         id: &TaskId,
         cancel: &Arc<AtomicBool>,
-        mut state: impl FnMut(CheckpointId) -> Result<SubtaskState, TaskFailure>,
+        mut state: impl FnMut(CheckpointId) -> Result<Arc<SubtaskState>, TaskFailure>,
         mut on_complete: impl FnMut(CheckpointId) -> Result<(), TaskFailure>,
     ) -> Result<(), TaskFailure> {
+        let final_chain = self.incremental.submitted(CheckpointId(u64::MAX));
         let _ = self.events.send(Event::Finished { task: self.task });
         let remembered: Vec<CheckpointId> = std::mem::take(&mut self.triggered).into_iter().collect();
         for c in remembered {
             if self.last.is_none_or(|l| c > l) {
                 let s = state(c)?;
-                self.submit(c, s, Timing::default());
+                self.submit_shared(c, s, Timing::default(), final_chain.clone());
             }
         }
         loop {
@@ -154,7 +162,7 @@ impl Participant {
                 Ok(Control::Trigger(c)) => {
                     if self.last.is_none_or(|l| c > l) {
                         let s = state(c)?;
-                        self.submit(c, s, Timing::default());
+                        self.submit_shared(c, s, Timing::default(), final_chain.clone());
                     }
                 }
                 Ok(Control::Complete(c)) => {

@@ -15,6 +15,7 @@ use crate::graph::logical::SinkFormat;
 use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::input::{Inputs, Received};
+use crate::runtime::latency::LatencyRecorder;
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::participant::{self, Participant};
@@ -26,8 +27,8 @@ pub enum SinkWriter {
     File(FileSink),
     /// Standard output (not transactional: at-least-once under failures).
     Stdout(SinkFormat),
-    /// Nowhere (counts only).
-    Blackhole,
+    /// Nowhere (counts only; with a recorder, also the records' latency).
+    Blackhole(Option<LatencyRecorder>),
 }
 
 /// Everything a sink subtask needs.
@@ -83,6 +84,15 @@ impl SinkTask {
     /// Runs the sink to the end of its inputs (and, with checkpointing, until the job's final
     /// checkpoint is complete and committed).
     pub fn run(mut self) -> Result<(), TaskFailure> {
+        let r = self.run_inner();
+        if let SinkWriter::Blackhole(Some(l)) = &self.writer {
+            let mut m = self.metrics.latency.lock().unwrap_or_else(|e| e.into_inner());
+            m.get_or_insert_with(Default::default).merge(&l.histogram);
+        }
+        r
+    }
+
+    fn run_inner(&mut self) -> Result<(), TaskFailure> {
         let stdout = std::io::stdout();
         let mut aligner = Aligner::new(self.inputs.len());
         let mut align_started: Option<Instant> = None;
@@ -138,7 +148,8 @@ impl SinkTask {
                             }
                             let _ = lock.flush();
                         }
-                        SinkWriter::Blackhole => {}
+                        SinkWriter::Blackhole(None) => {}
+                        SinkWriter::Blackhole(Some(l)) => l.record_batch(batch.iter().map(|r| r.timestamp)),
                     }
                     if let Some(t) = &self.termination {
                         t.account(0, batch.len() as u64);
@@ -172,7 +183,7 @@ impl SinkTask {
         p.finish(
             &id,
             &cancel,
-            |c| Self::precommit(&mut writer.borrow_mut(), &id, c),
+            |c| Self::precommit(&mut writer.borrow_mut(), &id, c).map(Arc::new),
             |c| Self::commit(&mut writer.borrow_mut(), &id, c),
         )
     }

@@ -205,7 +205,7 @@ impl SourceTask {
             t.source_finished();
         }
         let Some(mut p) = self.checkpoints.take() else { return Ok(()) };
-        let final_state = self.state();
+        let final_state = std::sync::Arc::new(self.state());
         let (id, cancel) = (self.id.clone(), self.cancel.clone());
         p.finish(&id, &cancel, |_| Ok(final_state.clone()), |_| Ok(()))
     }

@@ -241,15 +241,13 @@ impl OperatorTask {
         self.read_control_ahead();
         let upgrading = self.upgrade.as_ref().is_some_and(|(u, _)| *u == id);
         let full = match self.checkpoints.as_mut() {
-            Some(p) => id.0 == u64::MAX || upgrading || p.snapshot_is_full(id),
+            Some(p) => upgrading || p.snapshot_is_full(id),
             None => true,
         };
         let mode = if full { SnapshotMode::Full } else { SnapshotMode::Incremental };
         let snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
         let state = capture(self.instance.as_mut(), snap);
-        if let Some(p) = self.checkpoints.as_mut()
-            && id.0 != u64::MAX
-        {
+        if let Some(p) = self.checkpoints.as_mut() {
             p.snapshot_taken(id, full, state.keyed.iter().map(|k| k.data.len() as u64).sum());
         }
         Ok(state)
@@ -628,8 +626,11 @@ impl OperatorTask {
         self.route_emitted()?;
         self.account(0);
         self.output.broadcast(|| Message::EndOfStream).map_err(|d| self.disconnected(d))?;
+        if self.checkpoints.is_none() {
+            return Ok(());
+        }
+        let final_state = Arc::new(self.snapshot_state(CheckpointId(u64::MAX))?);
         let Some(mut p) = self.checkpoints.take() else { return Ok(()) };
-        let final_state = self.snapshot_state(CheckpointId(u64::MAX))?;
         let (id, cancel) = (self.id.clone(), self.cancel.clone());
         p.finish(&id, &cancel, |_| Ok(final_state.clone()), |_| Ok(()))
     }

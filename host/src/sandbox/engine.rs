@@ -45,6 +45,10 @@ pub fn engine_with(opts: EngineOptions) -> Result<Engine, wasmtime::Error> {
     c.wasm_component_model(true);
     c.cranelift_opt_level(OptLevel::Speed);
     c.epoch_interruption(opts.epoch_interruption);
+    // `WEIR_PERF_MAP=1`: write /tmp/perf-<pid>.map so `perf report` names guest functions.
+    if std::env::var_os("WEIR_PERF_MAP").is_some_and(|v| v == "1") {
+        c.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     if opts.pooling {
         let mut p = PoolingAllocationConfig::new();
         p.total_component_instances(POOL_INSTANCES);
