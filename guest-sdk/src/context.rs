@@ -33,6 +33,8 @@ pub(crate) struct Runtime {
     pub operator_states: Vec<RegisteredOperatorState>,
     /// Per key group, the size to reserve for its next (full, delta) snapshot blob.
     pub blob_hint: (Vec<usize>, Vec<usize>),
+    /// A snapshot being handed out in chunks.
+    pub snapshot: Option<crate::driver::InProgress>,
 }
 
 impl Runtime {
@@ -44,6 +46,7 @@ impl Runtime {
             keyed: Vec::new(),
             operator_states: Vec::new(),
             blob_hint: (Vec::new(), Vec::new()),
+            snapshot: None,
         }
     }
 

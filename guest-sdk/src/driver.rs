@@ -141,40 +141,82 @@ pub fn close<Op: Operator>(slot: &Slot<Op>) -> Result<(), String> {
     r.map_err(|e| e.to_string())
 }
 
-/// `snapshot` export.
-pub fn snapshot<Op: Operator>(slot: &Slot<Op>, mode: types::SnapshotMode) -> Result<types::OperatorSnapshot, String> {
-    let inst = slot.instance()?;
-    take_snapshot(&mut inst.rt, mode).map_err(|e| e.to_string())
+/// Bytes of key-group blobs one `snapshot` call hands out (about; whole groups): a chunk.
+/// At ~0.2 µs per entry (cache misses on large state) each call pauses the stream for ~2 ms
+/// (or one key group's worth, if larger: more key groups, finer chunks).
+pub const SNAPSHOT_CHUNK_BYTES: usize = 256 << 10;
+
+/// The key group of the entry that says "more follows: call `snapshot` again with the same
+/// checkpoint id" (`wit/operator.wit`).
+pub const MORE: u32 = u32::MAX;
+
+/// A snapshot being handed out in chunks.
+pub(crate) struct InProgress {
+    checkpoint: u64,
+    full: bool,
+    next_slot: usize,
 }
 
-fn take_snapshot(rt: &mut Runtime, mode: types::SnapshotMode) -> Result<types::OperatorSnapshot> {
+/// `snapshot` export.
+pub fn snapshot<Op: Operator>(
+    slot: &Slot<Op>,
+    checkpoint: u64,
+    mode: types::SnapshotMode,
+) -> Result<types::OperatorSnapshot, String> {
+    let inst = slot.instance()?;
+    take_snapshot(&mut inst.rt, checkpoint, mode).map_err(|e| e.to_string())
+}
+
+fn take_snapshot(rt: &mut Runtime, checkpoint: u64, mode: types::SnapshotMode) -> Result<types::OperatorSnapshot> {
     let full = matches!(mode, types::SnapshotMode::Full);
-    // From the first snapshot on (checkpointing is on), removals are remembered until the
-    // next one, which may be incremental. Without checkpoints nothing accumulates.
-    for s in &rt.keyed {
-        s.table.borrow_mut().track_removals();
+    let groups = rt.group_count();
+    let continuing = rt.snapshot.as_ref().is_some_and(|p| p.checkpoint == checkpoint && p.full == full);
+    if !continuing {
+        // The barrier: freeze (an unfinished earlier snapshot is abandoned; the host starts
+        // over with a full one), then hand out the first chunk.
+        for s in &rt.keyed {
+            s.table.borrow_mut().freeze(full);
+        }
+        rt.snapshot = Some(InProgress { checkpoint, full, next_slot: 0 });
     }
     let mut keyed = Vec::new();
-    for slot in 0..rt.group_count() {
-        let empty = rt.keyed.iter().all(|s| s.table.borrow().len(slot) == 0);
-        // Both modes list every group with state (absent = no state): full blobs, or delta
-        // blobs of the changes since the previous snapshot (4 bytes for a clean group).
-        // Sized like this group's previous blob of the same kind: no doubling copies of
-        // large groups (shrunk in place afterwards when smaller).
-        let groups = rt.group_count();
-        let hint = if full { &mut rt.blob_hint.0 } else { &mut rt.blob_hint.1 };
-        hint.resize(groups, 0);
-        let mut data = Vec::with_capacity(hint[slot]);
+    let mut bytes = 0;
+    rt.blob_hint.0.resize(groups, 0);
+    rt.blob_hint.1.resize(groups, 0);
+    loop {
+        let slot = match rt.snapshot.as_mut() {
+            Some(p) if p.next_slot < groups && bytes < SNAPSHOT_CHUNK_BYTES => {
+                p.next_slot += 1;
+                p.next_slot - 1
+            }
+            _ => break,
+        };
+        // Every group that had state at the barrier is listed (absent = no state): a full
+        // blob, or a delta of the changes since the previous snapshot (4 bytes when clean).
+        let had = rt.keyed.iter().any(|s| s.table.borrow().had_state(slot));
+        // Sized like this group's previous blob of the same kind: no doubling copies.
+        let hint = if full { &rt.blob_hint.0 } else { &rt.blob_hint.1 };
+        let mut data = Vec::with_capacity(if had { hint[slot] } else { 0 });
         encode_group(&rt.keyed, slot, &mut data, !full)?;
         let hint = if full { &mut rt.blob_hint.0 } else { &mut rt.blob_hint.1 };
         hint[slot] = data.len() + data.len() / 8;
-        data.shrink_to_fit();
-        if !empty {
+        if had {
+            data.shrink_to_fit();
+            bytes += data.len();
             keyed.push(types::KeyGroupState { key_group: rt.task.key_group_start + slot as u32, data });
         }
     }
+    if rt.snapshot.as_ref().is_some_and(|p| p.next_slot < groups) {
+        keyed.push(types::KeyGroupState { key_group: MORE, data: Vec::new() });
+    } else {
+        for s in &rt.keyed {
+            s.table.borrow_mut().thaw();
+        }
+        rt.snapshot = None;
+    }
+    // Non-keyed state is small and taken whole at the barrier (the first call).
     let mut operator_state = Vec::new();
-    if !rt.operator_states.is_empty() {
+    if !continuing && !rt.operator_states.is_empty() {
         operator_state.extend_from_slice(&(rt.operator_states.len() as u32).to_le_bytes());
         for s in &rt.operator_states {
             operator_state.extend_from_slice(&(s.name.len() as u32).to_le_bytes());

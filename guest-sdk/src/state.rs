@@ -3,12 +3,17 @@
 //! Invariants:
 //! - keyed state lives in one table per owned key group (`[start, end)` of the subtask), so
 //!   the host can snapshot, redistribute and restore it per key group;
-//! - every write marks its entry changed and its key group dirty (one store each, no extra
-//!   lookup); from the first snapshot on (so only with checkpointing), removals are
-//!   remembered until the next snapshot as well. An incremental snapshot lists every key group with state: a delta blob of the
-//!   entries changed and removed since the previous snapshot (empty for a clean group); any
-//!   snapshot clears the marks;
-//! - values are encoded with bincode 1.x defaults only at snapshot time, never per record.
+//! - every write stamps its entry with the current epoch and marks its key group dirty (a
+//!   compare and two stores, no extra lookup); from the first snapshot on (so only with
+//!   checkpointing), removals are remembered until the next snapshot as well. An incremental
+//!   snapshot lists every key group that had state at the barrier: a delta blob of the
+//!   entries changed and removed since the previous snapshot (empty for a clean group);
+//! - a snapshot is copy-on-write: at the barrier the state is frozen in O(groups) (the epoch
+//!   advances), and key groups are handed out in chunks between batches; the first write to
+//!   an entry of a group not yet handed out keeps its barrier-time value (encoded), so every
+//!   chunk shows the state exactly as it was at the barrier;
+//! - values are encoded with bincode 1.x defaults only at snapshot time (and for the
+//!   barrier-time copies above), never otherwise per record.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -24,28 +29,36 @@ use crate::{Error, Result};
 type Table<V> = HashMap<Box<[u8]>, Entry<V>, FxBuildHasher>;
 type Shared<T> = Rc<RefCell<T>>;
 
-/// A value and whether it changed since the previous snapshot.
+/// A value and the write epoch that last wrote it.
 pub(crate) struct Entry<V> {
     value: V,
-    changed: bool,
-}
-
-impl<V> Entry<V> {
-    #[inline]
-    fn new(value: V) -> Self {
-        Entry { value, changed: true }
-    }
-
-    #[inline]
-    fn value_mut(&mut self) -> &mut V {
-        self.changed = true;
-        &mut self.value
-    }
+    stamp: u32,
 }
 
 /// Delta blobs (`wit/operator.wit`): bit 31 of the state count; a removed key's value length.
 pub(crate) const DELTA_FLAG: u32 = 0x8000_0000;
 const TOMBSTONE: u32 = u32::MAX;
+
+/// A key and its barrier-time value, encoded.
+type Preserved = (Box<[u8]>, Vec<u8>);
+
+/// A snapshot taken at a barrier and handed out in chunks (copy-on-write): what the state
+/// was at the barrier, while records keep changing it.
+struct Frozen {
+    /// Entries stamped `<= epoch` existed at the barrier; `== epoch`: changed since the
+    /// previous snapshot.
+    epoch: u32,
+    full: bool,
+    /// Groups already handed out.
+    emitted: Vec<bool>,
+    /// Per group: barrier-time values (encoded) of entries changed after the barrier before
+    /// their group was handed out.
+    pre: Vec<Vec<Preserved>>,
+    /// Per group: keys removed between the previous snapshot and the barrier.
+    removed: Vec<Vec<Box<[u8]>>>,
+    /// Per group: changed between the previous snapshot and the barrier.
+    dirty: Vec<bool>,
+}
 
 /// The per-key-group tables of one keyed state.
 pub(crate) struct KeyedTable<V> {
@@ -53,17 +66,24 @@ pub(crate) struct KeyedTable<V> {
     dirty: Vec<bool>,
     /// Keys removed since the previous snapshot, per group (only while `tracking`).
     removed: Vec<Vec<Box<[u8]>>>,
-    /// The host takes incremental snapshots: remember removals.
+    /// Checkpointing is on: remember removals.
     tracking: bool,
+    /// Current write epoch: advanced by every snapshot.
+    epoch: u32,
+    frozen: Option<Frozen>,
+    encode: fn(&V, &mut Vec<u8>) -> Result<()>,
 }
 
 impl<V> KeyedTable<V> {
-    fn new(group_count: usize) -> Self {
+    fn new(group_count: usize, encode: fn(&V, &mut Vec<u8>) -> Result<()>) -> Self {
         KeyedTable {
             groups: (0..group_count).map(|_| Table::default()).collect(),
             dirty: vec![false; group_count],
             removed: (0..group_count).map(|_| Vec::new()).collect(),
             tracking: false,
+            epoch: 1,
+            frozen: None,
+            encode,
         }
     }
 
@@ -72,22 +92,57 @@ impl<V> KeyedTable<V> {
         self.groups[slot].get(key).map(|e| &e.value)
     }
 
+    /// Before a write to an entry stamped `stamp` in group `slot`: keep its barrier-time
+    /// value if a snapshot in progress still needs it.
+    #[inline]
+    fn preserve(
+        frozen: &mut Option<Frozen>,
+        encode: fn(&V, &mut Vec<u8>) -> Result<()>,
+        slot: usize,
+        key: &[u8],
+        e: &Entry<V>,
+    ) {
+        if let Some(f) = frozen.as_mut()
+            && !f.emitted[slot]
+            && e.stamp <= f.epoch
+            && (f.full || e.stamp == f.epoch)
+        {
+            let mut bytes = Vec::new();
+            // Encoding an in-memory value cannot fail for the types state allows; should it,
+            // the entry is written as empty and the restore reports it.
+            let _ = encode(&e.value, &mut bytes);
+            f.pre[slot].push((key.into(), bytes));
+        }
+    }
+
     #[inline]
     fn get_mut(&mut self, slot: usize, key: &[u8]) -> Option<&mut V> {
         let e = self.groups[slot].get_mut(key)?;
+        if e.stamp != self.epoch {
+            Self::preserve(&mut self.frozen, self.encode, slot, key, e);
+            e.stamp = self.epoch;
+        }
         self.dirty[slot] = true;
-        Some(e.value_mut())
+        Some(&mut e.value)
     }
 
     #[inline]
     fn insert(&mut self, slot: usize, key: &[u8], value: V) {
         self.dirty[slot] = true;
-        self.groups[slot].insert(key.into(), Entry::new(value));
+        let epoch = self.epoch;
+        if let Some(old) = self.groups[slot].insert(key.into(), Entry { value, stamp: epoch })
+            && old.stamp != epoch
+        {
+            Self::preserve(&mut self.frozen, self.encode, slot, key, &old);
+        }
     }
 
     #[inline]
     fn remove(&mut self, slot: usize, key: &[u8]) -> Option<V> {
         let (k, e) = self.groups[slot].remove_entry(key)?;
+        if e.stamp != self.epoch {
+            Self::preserve(&mut self.frozen, self.encode, slot, key, &e);
+        }
         self.dirty[slot] = true;
         if self.tracking {
             self.removed[slot].push(k);
@@ -98,63 +153,97 @@ impl<V> KeyedTable<V> {
 
 /// Type-erased access the SDK needs for snapshot and restore.
 pub(crate) trait ErasedTable {
-    /// Number of entries in group `slot`.
-    fn len(&self, slot: usize) -> usize;
-    /// Appends group `slot`'s entries (`u32 klen, key, u32 vlen, value` each): all of them,
-    /// or (`changed_only`) the changed ones and the removed keys (value length
-    /// `0xFFFF_FFFF`). Clears the group's marks. Returns the number of entries written.
-    fn write_group(&mut self, slot: usize, out: &mut Vec<u8>, changed_only: bool) -> Result<u32>;
+    /// Freezes the state for a snapshot (full, or a delta since the previous one); groups
+    /// are then handed out by [`ErasedTable::write_group`], while writes go on.
+    fn freeze(&mut self, full: bool);
+    /// Whether group `slot` had state at the barrier of the frozen snapshot.
+    fn had_state(&self, slot: usize) -> bool;
+    /// Appends group `slot`'s entries of the frozen snapshot (`u32 klen, key, u32 vlen,
+    /// value` each; removed keys with value length `0xFFFF_FFFF` in a delta). Returns the
+    /// number of entries written.
+    fn write_group(&mut self, slot: usize, out: &mut Vec<u8>) -> Result<u32>;
+    /// Every group was handed out: the snapshot is over.
+    fn thaw(&mut self);
     /// Inserts one entry decoded from `value` into group `slot` (unchanged).
     fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()>;
-    /// Removed keys are remembered from now on (incremental snapshots).
-    fn track_removals(&mut self);
 }
 
 impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
-    fn len(&self, slot: usize) -> usize {
-        self.groups[slot].len()
+    fn freeze(&mut self, full: bool) {
+        // From the first snapshot on (checkpointing is on), removals are remembered until the
+        // next one, which may be incremental. Without checkpoints nothing accumulates.
+        self.tracking = true;
+        let n = self.groups.len();
+        self.frozen = Some(Frozen {
+            epoch: self.epoch,
+            full,
+            emitted: vec![false; n],
+            pre: (0..n).map(|_| Vec::new()).collect(),
+            removed: std::mem::replace(&mut self.removed, (0..n).map(|_| Vec::new()).collect()),
+            dirty: std::mem::replace(&mut self.dirty, vec![false; n]),
+        });
+        self.epoch += 1;
     }
 
-    fn write_group(&mut self, slot: usize, out: &mut Vec<u8>, changed_only: bool) -> Result<u32> {
-        let mut n = 0;
-        let dirty = std::mem::replace(&mut self.dirty[slot], false);
-        let removed = std::mem::take(&mut self.removed[slot]);
-        if changed_only && !dirty {
+    fn had_state(&self, slot: usize) -> bool {
+        let Some(f) = self.frozen.as_ref() else { return !self.groups[slot].is_empty() };
+        !f.pre[slot].is_empty() || self.groups[slot].values().any(|e| e.stamp <= f.epoch)
+    }
+
+    fn write_group(&mut self, slot: usize, out: &mut Vec<u8>) -> Result<u32> {
+        let Some(f) = self.frozen.as_mut() else { return Ok(0) };
+        f.emitted[slot] = true;
+        let pre = std::mem::take(&mut f.pre[slot]);
+        let removed = std::mem::take(&mut f.removed[slot]);
+        let (epoch, full) = (f.epoch, f.full);
+        if !full && !f.dirty[slot] {
             return Ok(0);
         }
-        for (k, e) in self.groups[slot].iter_mut() {
-            if changed_only && !e.changed {
-                continue;
-            }
-            e.changed = false;
+        let mut n = 0;
+        let mut put = |out: &mut Vec<u8>, k: &[u8]| {
             out.extend_from_slice(&(k.len() as u32).to_le_bytes());
             out.extend_from_slice(k);
+            n += 1;
+        };
+        for (k, e) in &self.groups[slot] {
+            let wanted = if full { e.stamp <= epoch } else { e.stamp == epoch };
+            if !wanted {
+                continue;
+            }
+            put(out, k);
             let len_at = out.len();
             out.extend_from_slice(&0u32.to_le_bytes());
-            bincode::serialize_into(&mut *out, &e.value)?;
+            (self.encode)(&e.value, out)?;
             let vlen = (out.len() - len_at - 4) as u32;
             out[len_at..len_at + 4].copy_from_slice(&vlen.to_le_bytes());
-            n += 1;
         }
-        if changed_only {
-            for k in removed.iter().filter(|k| !self.groups[slot].contains_key(&k[..])) {
-                out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-                out.extend_from_slice(k);
-                out.extend_from_slice(&TOMBSTONE.to_le_bytes());
-                n += 1;
+        for (k, v) in &pre {
+            put(out, k);
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+        if !full {
+            for k in &removed {
+                // Still gone at the barrier: not back (before it) and not preserved (it
+                // existed at the barrier).
+                let back = self.groups[slot].get(&k[..]).is_some_and(|e| e.stamp == epoch);
+                if !back && !pre.iter().any(|(p, _)| p == k) {
+                    put(out, k);
+                    out.extend_from_slice(&TOMBSTONE.to_le_bytes());
+                }
             }
         }
         Ok(n)
     }
 
-    fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()> {
-        let v: V = bincode::deserialize(value)?;
-        self.groups[slot].insert(key.into(), Entry { value: v, changed: false });
-        Ok(())
+    fn thaw(&mut self) {
+        self.frozen = None;
     }
 
-    fn track_removals(&mut self) {
-        self.tracking = true;
+    fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()> {
+        let v: V = bincode::deserialize(value)?;
+        self.groups[slot].insert(key.into(), Entry { value: v, stamp: 0 });
+        Ok(())
     }
 }
 
@@ -205,7 +294,10 @@ impl<T: Serialize + DeserializeOwned> ErasedCell for Vec<T> {
 pub(crate) fn new_table<V: Serialize + DeserializeOwned + 'static>(
     groups: usize,
 ) -> (Shared<KeyedTable<V>>, Shared<dyn ErasedTable>) {
-    let t = Rc::new(RefCell::new(KeyedTable::<V>::new(groups)));
+    fn encode<V: Serialize>(v: &V, out: &mut Vec<u8>) -> Result<()> {
+        Ok(bincode::serialize_into(out, v)?)
+    }
+    let t = Rc::new(RefCell::new(KeyedTable::<V>::new(groups, encode::<V>)));
     let erased: Rc<RefCell<dyn ErasedTable>> = t.clone();
     (t, erased)
 }
@@ -391,9 +483,9 @@ impl<T: Clone> OperatorList<T> {
     }
 }
 
-/// Encodes one key group's blob (see `wit/operator.wit`, "Keyed state layout"): every
-/// entry, or (`delta`) a delta blob of what changed since the previous snapshot (states
-/// without changes left out). Clears the group's change marks either way.
+/// Encodes one key group's blob of the frozen snapshot (see `wit/operator.wit`, "Keyed
+/// state layout"): every entry, or (`delta`) a delta blob of what changed between the
+/// previous snapshot and the barrier (states without changes left out).
 pub(crate) fn encode_group(states: &[Registered], slot: usize, out: &mut Vec<u8>, delta: bool) -> Result<()> {
     let start = out.len();
     out.extend_from_slice(&0u32.to_le_bytes());
@@ -405,7 +497,7 @@ pub(crate) fn encode_group(states: &[Registered], slot: usize, out: &mut Vec<u8>
         out.extend_from_slice(s.name.as_bytes());
         let n_at = out.len();
         out.extend_from_slice(&0u32.to_le_bytes());
-        let n = t.write_group(slot, out, delta)?;
+        let n = t.write_group(slot, out)?;
         if delta && n == 0 {
             out.truncate(at);
             continue;

@@ -271,3 +271,80 @@ fn boundary_restore_refuses_an_unknown_schema_version() {
     let e = b.restore(7, &snap).unwrap_err();
     assert!(e.to_string().contains("cannot restore state of schema 7"), "{e}");
 }
+
+/// Large state is handed out in chunks ("more follows") and every chunk shows the state as
+/// it was at the barrier, although records change it between the chunks (copy-on-write).
+#[test]
+fn boundary_chunked_snapshots_show_the_state_at_the_barrier() {
+    use std::collections::BTreeMap;
+    use weir::checkpoint::layout::{apply_delta, decode};
+    const MORE: u32 = u32::MAX;
+    let c = probe();
+    let mut a = instance(&c, 1, 0);
+    let keys: Vec<String> = (0..100_000).map(|i| format!("k{i}")).collect();
+    let run = |a: &mut OperatorInstance, cmd: &str, ks: &[String]| {
+        for part in ks.chunks(4096) {
+            let recs: Vec<(&str, &str)> = part.iter().map(|k| (k.as_str(), cmd)).collect();
+            a.process(Side::Left, &keyed(&recs)).unwrap();
+            a.take_emitted();
+        }
+    };
+    // Drains snapshot `id`, running `between` after the first reply and every later one.
+    let drain =
+        |a: &mut OperatorInstance, id: u64, mode: SnapshotMode, between: &mut dyn FnMut(&mut OperatorInstance)| {
+            let mut groups: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+            let mut calls = 0;
+            loop {
+                let s = a.snapshot(id, mode).unwrap();
+                calls += 1;
+                let more = s.keyed.iter().any(|k| k.key_group == MORE);
+                for k in s.keyed.into_iter().filter(|k| k.key_group != MORE) {
+                    assert!(groups.insert(k.key_group, k.data).is_none(), "key group {} handed out twice", k.key_group);
+                }
+                if !more {
+                    return (groups, calls);
+                }
+                between(a);
+            }
+        };
+    let values = |groups: &BTreeMap<u32, Vec<u8>>| -> BTreeMap<Vec<u8>, Vec<u8>> {
+        groups.values().flat_map(|b| decode(b).unwrap()).filter(|n| n.name == "count").flat_map(|n| n.entries).collect()
+    };
+    run(&mut a, "count", &keys);
+    let new: Vec<String> = (0..1000).map(|i| format!("new{i}")).collect();
+    let forgotten: Vec<String> = keys.iter().step_by(7).cloned().collect();
+    let mut step = 0;
+    let (full, calls) = drain(&mut a, 1, SnapshotMode::Full, &mut |a| {
+        // Between chunks: every key changes, some go, new ones come.
+        match step {
+            0 => run(a, "count", &keys),
+            1 => run(a, "forget", &forgotten),
+            2 => run(a, "count", &new),
+            _ => {}
+        }
+        step += 1;
+    });
+    assert!(calls >= 2, "100 000 keys are handed out in several chunks ({calls} calls)");
+    let at_barrier = values(&full);
+    assert_eq!(at_barrier.len(), keys.len(), "exactly the keys at the barrier");
+    assert!(at_barrier.values().all(|v| v == &1u64.to_le_bytes()), "values as at the barrier");
+    // The next incremental snapshot is the delta between the barriers, chunked as well,
+    // with more changes while it drains.
+    let (delta, _) = drain(&mut a, 2, SnapshotMode::Incremental, &mut |a| run(a, "count", &keys[..5000]));
+    let mut expected: BTreeMap<Vec<u8>, Vec<u8>> =
+        keys.iter().map(|k| (k.clone().into_bytes(), 2u64.to_le_bytes().to_vec())).collect();
+    for k in &forgotten {
+        expected.remove(k.as_bytes());
+    }
+    if step > 2 {
+        expected.extend(new.iter().map(|k| (k.clone().into_bytes(), 1u64.to_le_bytes().to_vec())));
+    }
+    let mut folded = BTreeMap::new();
+    for kg in full.keys().chain(delta.keys()).collect::<std::collections::BTreeSet<_>>() {
+        let base = full.get(kg).cloned().unwrap_or_default();
+        // A group absent from the delta had no state at the second barrier.
+        let Some(d) = delta.get(kg) else { continue };
+        folded.insert(*kg, apply_delta(&base, d).unwrap());
+    }
+    assert!(values(&folded) == expected, "full + delta == the state at the second barrier");
+}

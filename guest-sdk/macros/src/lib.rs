@@ -58,8 +58,8 @@ mod __weir_export {{
         fn on_watermark(watermark: i64) -> ::core::result::Result<(), ::std::string::String> {{
             driver::on_watermark(&SLOT, watermark)
         }}
-        fn snapshot(_checkpoint_id: u64, mode: types::SnapshotMode) -> ::core::result::Result<types::OperatorSnapshot, ::std::string::String> {{
-            driver::snapshot(&SLOT, mode)
+        fn snapshot(checkpoint_id: u64, mode: types::SnapshotMode) -> ::core::result::Result<types::OperatorSnapshot, ::std::string::String> {{
+            driver::snapshot(&SLOT, checkpoint_id, mode)
         }}
         fn restore(schema_version: u32, state: types::OperatorSnapshot) -> ::core::result::Result<(), ::std::string::String> {{
             driver::restore(&SLOT, schema_version, state)

@@ -243,9 +243,13 @@ pub fn j3(opts: &BenchOptions) -> Result<(), BenchError> {
         "| input | snapshots | records/s | checkpoints | mean duration | max duration | max sync | max async | first (full) | later (median) | peak RSS | RSS / raw |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let long = format!("N = {}M, unthrottled", 5 * n / 1_000_000);
     let configs = [
         ("N = 3M, unthrottled", false, None, n),
         ("N = 3M, unthrottled", true, None, n),
+        // Long enough for checkpoints while the operator runs at full speed.
+        (long.as_str(), false, None, 5 * n),
+        (long.as_str(), true, None, 5 * n),
         ("200 k/s for 10 s", false, Some(fixed_rate), fixed_n),
         ("200 k/s for 10 s", true, Some(fixed_rate), fixed_n),
     ];

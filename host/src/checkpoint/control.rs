@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::checkpoint::incremental::ChainLink;
-use crate::checkpoint::snapshot::SubtaskState;
+use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
 
@@ -146,6 +146,25 @@ pub enum Event {
         /// Barrier to first record after it: the time it did not process records.
         pause_ms: f64,
     },
+}
+
+/// To the asynchronous writer.
+#[derive(Debug)]
+pub enum WriteMsg {
+    /// Key groups of a snapshot the operator hands out in chunks, to append to its file now
+    /// (the rest follows as a [`WriteMsg::Done`] with the same task and checkpoint).
+    Part {
+        /// Global task index.
+        task: usize,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// File name in the checkpoint directory.
+        file: String,
+        /// The key groups.
+        groups: Vec<KeyGroupSnapshot>,
+    },
+    /// The (rest of the) snapshot: write, fsync, ack.
+    Done(WriteJob),
 }
 
 /// A snapshot handed from a subtask to the asynchronous writer.

@@ -84,6 +84,7 @@ pub struct SubtaskState {
 }
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
+const MAGIC2: &[u8; 8] = b"WEIRST02";
 
 /// Byte strings as one piece (`serialize_bytes`): the same bincode encoding as a `Vec<u8>`
 /// (u64 length, then the bytes), without a serializer call per byte.
@@ -149,58 +150,109 @@ pub enum StateFileError {
     Decode(String),
 }
 
+/// Frame tags of a version 2 state file.
+const FRAME_GROUP: u8 = 1;
+const FRAME_REST: u8 = 2;
+
+struct Crc<W> {
+    inner: W,
+    hasher: crc32fast::Hasher,
+    len: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Crc<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(b)?;
+        self.hasher.update(&b[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes a state file piece by piece: key groups as they come (a snapshot drained in
+/// chunks goes to disk while the operator still hands it out), then the rest.
+///
+/// Format `WEIRST02`: magic, u32 CRC-32 of the body, u64 body length, body = frames, each a
+/// tag byte and a bincode value: `1` a [`KeyGroupSnapshot`], `2` the [`SubtaskState`] (its
+/// own `keyed` empty), which is last. `WEIRST01` files (one bincode `SubtaskState`) still
+/// decode.
+pub struct StateFileWriter<W: std::io::Write + std::io::Seek> {
+    out: Crc<std::io::BufWriter<W>>,
+    start: u64,
+}
+
+impl<W: std::io::Write + std::io::Seek> StateFileWriter<W> {
+    /// Starts a file at `w`'s position.
+    pub fn new(mut w: W) -> std::io::Result<Self> {
+        let start = w.stream_position()?;
+        w.write_all(MAGIC2)?;
+        w.write_all(&[0u8; 12])?;
+        let out =
+            Crc { inner: std::io::BufWriter::with_capacity(1 << 20, w), hasher: crc32fast::Hasher::new(), len: 0 };
+        Ok(StateFileWriter { out, start })
+    }
+
+    /// Appends one key group.
+    pub fn group(&mut self, g: &KeyGroupSnapshot) -> std::io::Result<()> {
+        std::io::Write::write_all(&mut self.out, &[FRAME_GROUP])?;
+        bincode::serialize_into(&mut self.out, g).map_err(std::io::Error::other)
+    }
+
+    /// Appends `rest` (its key groups first) and completes the file; returns the bytes
+    /// written and the body's CRC-32. The file is not synced.
+    pub fn finish(mut self, rest: &SubtaskState) -> std::io::Result<(u64, u32)> {
+        for g in &rest.keyed {
+            self.group(g)?;
+        }
+        std::io::Write::write_all(&mut self.out, &[FRAME_REST])?;
+        // `rest` without its key groups, in `SubtaskState`'s bincode layout (a struct is its
+        // fields in order): an empty `keyed`, then the other fields.
+        let o = &mut self.out;
+        let err = std::io::Error::other;
+        bincode::serialize_into(&mut *o, &0u64).map_err(err)?;
+        bincode::serialize_into(&mut *o, &ByteStr(&rest.operator_state)).map_err(err)?;
+        bincode::serialize_into(&mut *o, &rest.source).map_err(err)?;
+        bincode::serialize_into(&mut *o, &rest.sink).map_err(err)?;
+        bincode::serialize_into(&mut *o, &rest.backedge_log).map_err(err)?;
+        std::io::Write::flush(o)?;
+        let (crc, len) = (self.out.hasher.clone().finalize(), self.out.len);
+        let mut w = self.out.inner.into_inner().map_err(|e| e.into_error())?;
+        w.seek(std::io::SeekFrom::Start(self.start + 8))?;
+        w.write_all(&crc.to_le_bytes())?;
+        w.write_all(&len.to_le_bytes())?;
+        w.seek(std::io::SeekFrom::Start(self.start + 20 + len))?;
+        Ok((len + 20, crc))
+    }
+}
+
+struct ByteStr<'a>(&'a [u8]);
+
+impl serde::Serialize for ByteStr<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
 impl SubtaskState {
     /// Encodes to the state file format; returns the bytes and the body's CRC-32.
     pub fn encode(&self) -> (Vec<u8>, u32) {
-        let body = bincode::serialize(self).expect("in-memory state always serializes");
-        let crc = crc32fast::hash(&body);
-        let mut out = Vec::with_capacity(body.len() + 20);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        out.extend_from_slice(&body);
-        (out, crc)
+        let mut c = std::io::Cursor::new(Vec::new());
+        let (_, crc) = self.encode_to(&mut c).expect("in-memory state always serializes");
+        (c.into_inner(), crc)
     }
 
-    /// Writes the state file format to `w` without building it in memory first (the body
-    /// streams through a CRC-32 and a buffer; the header is patched at the end). Returns the
-    /// bytes written and the body's CRC-32, exactly as [`SubtaskState::encode`] would.
-    pub fn encode_to<W: std::io::Write + std::io::Seek>(&self, mut w: W) -> std::io::Result<(u64, u32)> {
-        struct Crc<W> {
-            inner: W,
-            hasher: crc32fast::Hasher,
-            len: u64,
-        }
-        impl<W: std::io::Write> std::io::Write for Crc<W> {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                let n = self.inner.write(b)?;
-                self.hasher.update(&b[..n]);
-                self.len += n as u64;
-                Ok(n)
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                self.inner.flush()
-            }
-        }
-        let start = w.stream_position()?;
-        w.write_all(MAGIC)?;
-        w.write_all(&[0u8; 12])?;
-        let mut c =
-            Crc { inner: std::io::BufWriter::with_capacity(1 << 20, &mut w), hasher: crc32fast::Hasher::new(), len: 0 };
-        bincode::serialize_into(&mut c, self).map_err(std::io::Error::other)?;
-        std::io::Write::flush(&mut c)?;
-        let (crc, len) = (c.hasher.clone().finalize(), c.len);
-        drop(c);
-        w.seek(std::io::SeekFrom::Start(start + 8))?;
-        w.write_all(&crc.to_le_bytes())?;
-        w.write_all(&len.to_le_bytes())?;
-        w.seek(std::io::SeekFrom::Start(start + 20 + len))?;
-        Ok((len + 20, crc))
+    /// Writes the state file format to `w` without building it in memory first. Returns
+    /// the bytes written and the body's CRC-32.
+    pub fn encode_to<W: std::io::Write + std::io::Seek>(&self, w: W) -> std::io::Result<(u64, u32)> {
+        StateFileWriter::new(w)?.finish(self)
     }
 
-    /// Decodes and verifies a state file.
+    /// Decodes and verifies a state file (format 2, or 1 as older Weir versions wrote).
     pub fn decode(bytes: &[u8]) -> Result<Self, StateFileError> {
-        if bytes.len() < 20 || &bytes[..8] != MAGIC {
+        if bytes.len() < 20 || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC2) {
             return Err(StateFileError::BadMagic);
         }
         let stored = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
@@ -213,7 +265,33 @@ impl SubtaskState {
         if computed != stored {
             return Err(StateFileError::Checksum { stored, computed });
         }
-        bincode::deserialize(body).map_err(|e| StateFileError::Decode(e.to_string()))
+        let bad = |e: String| StateFileError::Decode(e);
+        if &bytes[..8] == MAGIC {
+            return bincode::deserialize(body).map_err(|e| bad(e.to_string()));
+        }
+        let mut c = std::io::Cursor::new(body);
+        let mut groups = Vec::new();
+        loop {
+            let mut tag = [0u8; 1];
+            std::io::Read::read_exact(&mut c, &mut tag).map_err(|_| bad("no final frame".into()))?;
+            match tag[0] {
+                FRAME_GROUP => groups.push(bincode::deserialize_from(&mut c).map_err(|e| bad(e.to_string()))?),
+                FRAME_REST => {
+                    let mut rest: SubtaskState = bincode::deserialize_from(&mut c).map_err(|e| bad(e.to_string()))?;
+                    if c.position() != len {
+                        return Err(bad(format!("{} bytes after the final frame", len - c.position())));
+                    }
+                    groups.append(&mut rest.keyed);
+                    groups.sort_by_key(|g: &KeyGroupSnapshot| g.key_group);
+                    if groups.windows(2).any(|w| w[0].key_group == w[1].key_group) {
+                        return Err(bad("a key group appears twice".into()));
+                    }
+                    rest.keyed = groups;
+                    return Ok(rest);
+                }
+                t => return Err(bad(format!("unknown frame tag {t}"))),
+            }
+        }
     }
 }
 
@@ -258,6 +336,37 @@ mod tests {
             KeyGroupSnapshot { key_group: 3, data: vec![1, 2, 3], event_timers: vec![], processing_timers: vec![] };
         assert_eq!(bincode::serialize(&old).unwrap(), bincode::serialize(&new).unwrap());
         assert_eq!(bincode::deserialize::<KeyGroupSnapshot>(&bincode::serialize(&old).unwrap()).unwrap(), new);
+    }
+
+    #[test]
+    fn version_1_files_still_decode() {
+        let body = bincode::serialize(&sample()).unwrap();
+        let mut v1 = MAGIC.to_vec();
+        v1.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        v1.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        v1.extend_from_slice(&body);
+        assert_eq!(SubtaskState::decode(&v1).unwrap(), sample());
+    }
+
+    #[test]
+    fn groups_streamed_before_the_rest_decode_sorted_with_it() {
+        let mut c = std::io::Cursor::new(Vec::new());
+        let mut w = StateFileWriter::new(&mut c).unwrap();
+        let g = |kg: u32| KeyGroupSnapshot {
+            key_group: kg,
+            data: vec![kg as u8],
+            event_timers: vec![],
+            processing_timers: vec![],
+        };
+        w.group(&g(9)).unwrap();
+        w.group(&g(2)).unwrap();
+        let rest = SubtaskState { keyed: vec![g(5)], operator_state: vec![7], ..Default::default() };
+        let (n, _) = w.finish(&rest).unwrap();
+        let bytes = c.into_inner();
+        assert_eq!(n, bytes.len() as u64);
+        let d = SubtaskState::decode(&bytes).unwrap();
+        assert_eq!(d.keyed, vec![g(2), g(5), g(9)]);
+        assert_eq!(d.operator_state, vec![7]);
     }
 
     #[test]

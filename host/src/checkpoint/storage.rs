@@ -75,17 +75,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Like [`write_atomic`], with `write` producing the content into the temporary file.
 pub fn write_atomic_with<T>(path: &Path, write: impl FnOnce(&mut File) -> std::io::Result<T>) -> std::io::Result<T> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
-    let out = {
-        let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&tmp)?;
-        let out = write(&mut f)?;
-        f.sync_all()?;
-        out
-    };
-    fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()?;
+    let mut f = AtomicFile::create(path)?;
+    let out = write(&mut f.file)?;
+    f.commit()?;
     Ok(out)
+}
+
+/// A file written under a temporary name (`.<name>.tmp`) and renamed into place on
+/// [`AtomicFile::commit`] (after fsync; the directory is fsynced too). Dropped without a
+/// commit, it never appears under its name.
+pub struct AtomicFile {
+    /// The open temporary file.
+    pub file: File,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl AtomicFile {
+    /// Creates the temporary file for `path`.
+    pub fn create(path: &Path) -> std::io::Result<AtomicFile> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
+        let file = OpenOptions::new().create(true).write(true).truncate(true).read(true).open(&tmp)?;
+        Ok(AtomicFile { file, tmp, path: path.to_path_buf() })
+    }
+
+    /// Makes the file durable under its name.
+    pub fn commit(self) -> std::io::Result<()> {
+        self.file.sync_all()?;
+        fs::rename(&self.tmp, &self.path)?;
+        File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
+    }
 }
 
 /// A checkpoint whose manifest and state files all verified.
@@ -135,6 +155,14 @@ impl CheckpointStore {
     /// Directory of checkpoint `id`.
     pub fn chk_dir(&self, id: CheckpointId) -> PathBuf {
         self.root.join(format!("chk-{}", id.0))
+    }
+
+    /// Starts the state file `file` of checkpoint `id` (key groups are appended as they come,
+    /// see [`crate::checkpoint::snapshot::StateFileWriter`]).
+    pub fn begin_state(&self, id: CheckpointId, file: &str) -> std::io::Result<AtomicFile> {
+        let dir = self.chk_dir(id);
+        fs::create_dir_all(&dir)?;
+        AtomicFile::create(&dir.join(file))
     }
 
     /// Writes one subtask's state into checkpoint `id`; returns (file name, bytes, crc).

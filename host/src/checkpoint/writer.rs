@@ -1,41 +1,100 @@
 //! The asynchronous half of a snapshot: serialize, write, fsync, then ack to the
 //! coordinator. Subtasks hand their captured state over and go back to processing, so
-//! writing never stalls the stream.
+//! writing never stalls the stream. A snapshot drained in chunks is appended to its file
+//! chunk by chunk, so neither the host nor the operator holds all of it at once.
 //!
 //! Invariants: an ack is sent only after the state file is durable; a file that builds on
-//! one whose write failed is declined, never acked (jobs are written in order, one thread).
+//! one whose write failed, or one of whose chunks failed, is declined, never acked (messages
+//! are handled in order, on one thread).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::checkpoint::control::{Ack, Event, WriteJob};
-use crate::checkpoint::storage::CheckpointStore;
+use crate::checkpoint::control::{Ack, Event, WriteMsg};
+use crate::checkpoint::snapshot::StateFileWriter;
+use crate::checkpoint::storage::{AtomicFile, CheckpointStore};
+
+/// A state file being appended to.
+struct Open {
+    file: AtomicFile,
+    writer: StateFileWriter<File>,
+    started: Instant,
+}
 
 /// Runs the writer until every sender is dropped.
-pub fn run(store: CheckpointStore, jobs: Receiver<WriteJob>, events: Sender<Event>) {
+pub fn run(store: CheckpointStore, jobs: Receiver<WriteMsg>, events: Sender<Event>) {
     // (task, checkpoint) whose file was not written: nothing may build on it.
-    let mut lost: HashSet<(usize, u64)> = HashSet::new();
-    for job in jobs {
+    let mut lost: HashMap<(usize, u64), String> = HashMap::new();
+    let mut open: HashMap<(usize, u64), Open> = HashMap::new();
+    let begin = |id, file: &str| -> std::io::Result<Open> {
+        let f = store.begin_state(id, file)?;
+        let writer = StateFileWriter::new(f.file.try_clone()?)?;
+        Ok(Open { file: f, writer, started: Instant::now() })
+    };
+    for msg in jobs {
+        let job = match msg {
+            WriteMsg::Part { task, id, file, groups } => {
+                if lost.contains_key(&(task, id.0)) {
+                    continue;
+                }
+                let o = match open.remove(&(task, id.0)) {
+                    Some(o) => Ok(o),
+                    None => begin(id, &file),
+                };
+                let r = o.and_then(|mut o| {
+                    groups.iter().try_for_each(|g| o.writer.group(g))?;
+                    Ok(o)
+                });
+                match r {
+                    Ok(o) => {
+                        open.insert((task, id.0), o);
+                    }
+                    Err(e) => {
+                        lost.insert(
+                            (task, id.0),
+                            format!("writing {} failed: {e}", store.chk_dir(id).join(&file).display()),
+                        );
+                    }
+                }
+                continue;
+            }
+            WriteMsg::Done(job) => job,
+        };
         let started = Instant::now();
-        if let Some(l) = job.chain.iter().find(|l| lost.contains(&(job.task, l.checkpoint))) {
-            lost.insert((job.task, job.id.0));
+        let key = (job.task, job.id.0);
+        let failed = lost.get(&key).cloned().or_else(|| {
+            job.chain.iter().find(|l| lost.contains_key(&(job.task, l.checkpoint))).map(|l| {
+                format!(
+                    "{} builds on the state file of checkpoint {}, which was not written; the next checkpoint is full",
+                    job.file, l.checkpoint
+                )
+            })
+        });
+        if let Some(reason) = failed {
+            open.remove(&key);
+            lost.insert(key, reason.clone());
             job.base_lost.store(true, Ordering::Relaxed);
-            let reason = format!(
-                "{} builds on the state file of checkpoint {}, which was not written; the next checkpoint is full",
-                job.file, l.checkpoint
-            );
             if events.send(Event::Decline { task: job.task, id: job.id, reason }).is_err() {
                 return;
             }
             continue;
         }
-        let event = match store.write_state(job.id, &job.file, &job.state) {
-            Ok((bytes, crc32)) => {
+        let written = match open.remove(&key) {
+            // Appended chunk by chunk: count from the first chunk.
+            Some(o) => {
+                let t = o.started;
+                o.writer.finish(&job.state).and_then(|r| o.file.commit().map(|_| (r, t)))
+            }
+            None => store.write_state(job.id, &job.file, &job.state).map(|r| (r, started)),
+        };
+        let event = match written {
+            Ok(((bytes, crc32), since)) => {
                 let mut timing = job.timing;
-                timing.async_ms = started.elapsed().as_secs_f64() * 1e3;
+                timing.async_ms = since.elapsed().as_secs_f64() * 1e3;
                 let logged_records = job.state.backedge_log.iter().map(|b| b.records as u64).sum();
                 let logged_bytes = job.state.backedge_log.iter().map(|b| b.bytes.len() as u64).sum();
                 Event::Ack {
@@ -45,13 +104,10 @@ pub fn run(store: CheckpointStore, jobs: Receiver<WriteJob>, events: Sender<Even
                 }
             }
             Err(e) => {
-                lost.insert((job.task, job.id.0));
+                let reason = format!("writing {} failed: {e}", store.chk_dir(job.id).join(&job.file).display());
+                lost.insert(key, reason.clone());
                 job.base_lost.store(true, Ordering::Relaxed);
-                Event::Decline {
-                    task: job.task,
-                    id: job.id,
-                    reason: format!("writing {} failed: {e}", store.chk_dir(job.id).join(&job.file).display()),
-                }
+                Event::Decline { task: job.task, id: job.id, reason }
             }
         };
         if events.send(event).is_err() {

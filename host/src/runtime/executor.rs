@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded};
 
-use crate::checkpoint::control::{Control, Event, WriteJob};
+use crate::checkpoint::control::{Control, Event, WriteMsg};
 use crate::checkpoint::driver::{self, Completed, DriverConfig, DriverEnd, NodeTemplate, TaskTemplate};
 use std::collections::BTreeMap;
 
@@ -489,7 +489,7 @@ fn run_attempt(
 
     // Checkpointing plumbing.
     let (events_tx, events_rx) = unbounded::<Event>();
-    let (writer_tx, writer_rx) = unbounded::<WriteJob>();
+    let (writer_tx, writer_rx) = unbounded::<WriteMsg>();
     let mut controls = Vec::new();
     let mut task_templates = Vec::new();
     let node_templates: Vec<NodeTemplate> = g
@@ -617,6 +617,7 @@ fn run_attempt(
                             faults,
                             termination,
                             deferred: Default::default(),
+                            draining: None,
                             upgrade: None,
                         })
                     }))

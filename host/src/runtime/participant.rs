@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
-use crate::checkpoint::control::{Control, Event, Timing, WriteJob};
+use crate::checkpoint::control::{Control, Event, Timing, WriteJob, WriteMsg};
 use crate::checkpoint::incremental::{ChainLink, IncrementalPolicy};
+use crate::checkpoint::snapshot::KeyGroupSnapshot;
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::error::TaskFailure;
@@ -32,7 +33,7 @@ pub struct Participant {
     /// To the coordinator.
     pub events: Sender<Event>,
     /// To the asynchronous writer.
-    pub writer: Sender<WriteJob>,
+    pub writer: Sender<WriteMsg>,
     /// Checkpoints completed so far (as notified).
     pub completed: u64,
     triggered: BTreeSet<CheckpointId>,
@@ -52,7 +53,7 @@ impl Participant {
         file: String,
         control: Receiver<Control>,
         events: Sender<Event>,
-        writer: Sender<WriteJob>,
+        writer: Sender<WriteMsg>,
     ) -> Self {
         Participant {
             task,
@@ -87,6 +88,9 @@ impl Participant {
         }
         self.forced_full.retain(|f| *f >= id);
         let forced = self.forced_full.remove(&id);
+        if id.0 == u64::MAX {
+            return self.incremental.final_wants_full();
+        }
         self.incremental.wants_full(forced)
     }
 
@@ -118,7 +122,15 @@ impl Participant {
         self.triggered.retain(|t| *t > id);
         let base_lost = self.base_lost.clone();
         let job = WriteJob { task: self.task, id, file: self.file.clone(), state, timing, chain, base_lost };
-        let _ = self.writer.send(job);
+        let _ = self.writer.send(WriteMsg::Done(job));
+    }
+
+    /// Appends key groups of the snapshot of `id` (drained in chunks) to its file; the rest
+    /// follows with [`Participant::submit`].
+    pub fn submit_part(&self, id: CheckpointId, groups: Vec<KeyGroupSnapshot>) {
+        if !groups.is_empty() {
+            let _ = self.writer.send(WriteMsg::Part { task: self.task, id, file: self.file.clone(), groups });
+        }
     }
 
     /// Declines checkpoint `id`.

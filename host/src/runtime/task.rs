@@ -79,6 +79,9 @@ pub struct OperatorTask {
     pub deferred: std::collections::VecDeque<Control>,
     /// A live upgrade armed for the barrier of this checkpoint.
     pub upgrade: Option<(CheckpointId, OperatorFactory)>,
+    /// A snapshot the operator is still handing out in chunks (copy-on-write): pulled
+    /// between batches, completed before anything else is snapshotted.
+    pub draining: Option<Draining>,
 }
 
 /// A loop head's checkpoint in progress: the state copied at alignment and the back-edge
@@ -100,6 +103,53 @@ struct Head {
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A snapshot whose key groups the operator hands out in chunks (`wit/operator.wit`: a
+/// `key-group-state` with key group `0xFFFFFFFF` means "more follows").
+pub struct Draining {
+    id: CheckpointId,
+    full: bool,
+    /// What goes last into the file: non-keyed state, timers of groups not handed out yet.
+    state: SubtaskState,
+    /// Timers captured at the barrier, by key group, until the group's data comes.
+    timers: std::collections::BTreeMap<u32, KeyGroupSnapshot>,
+    /// Key-group bytes so far.
+    bytes: u64,
+    /// Longest single call so far (the barrier's included): the stream's longest pause.
+    pause_ms: f64,
+    align_ms: f64,
+    calls: u32,
+}
+
+/// The "more follows" marker of a chunked snapshot.
+const MORE: u32 = u32::MAX;
+
+/// Strips the "more follows" marker; returns whether it was there.
+fn strip_more(snap: &mut OperatorSnapshot) -> bool {
+    let before = snap.keyed.len();
+    snap.keyed.retain(|k| k.key_group != MORE);
+    snap.keyed.len() != before
+}
+
+/// Adds a later chunk's key groups to `state` (whose groups may already hold timers).
+fn add_chunk(state: &mut SubtaskState, chunk: Vec<KeyGroupState>) {
+    let mut at: std::collections::HashMap<u32, usize> =
+        state.keyed.iter().enumerate().map(|(i, k)| (k.key_group, i)).collect();
+    for k in chunk {
+        match at.get(&k.key_group) {
+            Some(&i) => state.keyed[i].data = k.data,
+            None => {
+                at.insert(k.key_group, state.keyed.len());
+                state.keyed.push(KeyGroupSnapshot {
+                    key_group: k.key_group,
+                    data: k.data,
+                    event_timers: vec![],
+                    processing_timers: vec![],
+                });
+            }
+        }
+    }
 }
 
 /// Converts a guest snapshot plus the host's timers into a subtask's checkpoint state.
@@ -234,19 +284,125 @@ impl OperatorTask {
         Ok(())
     }
 
-    /// The synchronous part of a snapshot: full, or incremental when the job asks for it and
-    /// the chain allows (`checkpoint/incremental.rs`); the final state is always full.
-    fn snapshot_state(&mut self, id: CheckpointId) -> Result<SubtaskState, TaskFailure> {
+    /// Full, or incremental when the job asks for it and the chain allows
+    /// (`checkpoint/incremental.rs`).
+    fn snapshot_mode(&mut self, id: CheckpointId) -> bool {
         // A `FullSnapshot` or an upgrade for this checkpoint may still be queued.
         self.read_control_ahead();
         let upgrading = self.upgrade.as_ref().is_some_and(|(u, _)| *u == id);
-        let full = match self.checkpoints.as_mut() {
+        match self.checkpoints.as_mut() {
             Some(p) => upgrading || p.snapshot_is_full(id),
             None => true,
-        };
+        }
+    }
+
+    /// Starts the snapshot for `id` at its barrier: the state as of now, all of it or (when
+    /// the operator hands it out in chunks) its first chunk plus everything the host keeps.
+    /// Returns the state and whether more chunks follow. Finishes a snapshot still
+    /// draining first.
+    fn begin_snapshot(&mut self, id: CheckpointId) -> Result<(SubtaskState, bool, bool), TaskFailure> {
+        self.drain_all()?;
+        let full = self.snapshot_mode(id);
         let mode = if full { SnapshotMode::Full } else { SnapshotMode::Incremental };
-        let snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
-        let state = capture(self.instance.as_mut(), snap);
+        let mut snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
+        let more = strip_more(&mut snap);
+        Ok((capture(self.instance.as_mut(), snap), full, more))
+    }
+
+    /// One more chunk of the snapshot of `id` into `state`; returns whether more follow.
+    /// A chunked snapshot is held to the same limits as a whole one: at most
+    /// `max_snapshot_mb` in total, and at most one call per owned key group.
+    fn pull_chunk(
+        &mut self,
+        id: CheckpointId,
+        full: bool,
+        calls: &mut u32,
+        total: &mut u64,
+    ) -> Result<(Vec<KeyGroupState>, bool), TaskFailure> {
+        let mode = if full { SnapshotMode::Full } else { SnapshotMode::Incremental };
+        let mut snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
+        let more = strip_more(&mut snap);
+        *calls += 1;
+        *total += snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>();
+        let bytes = *total;
+        let host = self.instance.host();
+        let groups = host.task.key_group_end.saturating_sub(host.task.key_group_start);
+        let limit = host.limits.max_snapshot_bytes();
+        let fail = |message: String| GuestError::Trap { call: "snapshot", message, detail: None };
+        if bytes > limit {
+            return Err(self.guest(fail(format!(
+                "exceeded its snapshot size limit: {bytes} bytes > max_snapshot_mb = {} MiB ([limits] in the job file)",
+                limit >> 20
+            ))));
+        }
+        if more && *calls > groups + 1 {
+            return Err(self.guest(fail(format!(
+                "kept answering `more follows` after {calls} calls for {groups} key groups (an operator hands out at \
+                 least one key group per call)"
+            ))));
+        }
+        Ok((snap.keyed, more))
+    }
+
+    /// Pulls the next chunk of the snapshot being drained; completes it (to the writer) when
+    /// it was the last.
+    fn drain_step(&mut self) -> Result<(), TaskFailure> {
+        let Some(mut d) = self.draining.take() else { return Ok(()) };
+        let t = Instant::now();
+        let (chunk, more) = self.pull_chunk(d.id, d.full, &mut d.calls, &mut d.bytes)?;
+        d.pause_ms = d.pause_ms.max(t.elapsed().as_secs_f64() * 1e3);
+        let groups = chunk
+            .into_iter()
+            .map(|k| match d.timers.remove(&k.key_group) {
+                Some(t) => KeyGroupSnapshot { data: k.data, ..t },
+                None => KeyGroupSnapshot {
+                    key_group: k.key_group,
+                    data: k.data,
+                    event_timers: vec![],
+                    processing_timers: vec![],
+                },
+            })
+            .collect();
+        if let Some(p) = self.checkpoints.as_ref() {
+            p.submit_part(d.id, groups);
+        }
+        self.draining = Some(d);
+        if !more {
+            self.drain_finish()?;
+        }
+        Ok(())
+    }
+
+    /// Hands a snapshot whose last chunk arrived to the writer.
+    fn drain_finish(&mut self) -> Result<(), TaskFailure> {
+        let Some(mut d) = self.draining.take() else { return Ok(()) };
+        d.state.keyed.extend(std::mem::take(&mut d.timers).into_values());
+        d.state.keyed.sort_by_key(|k| k.key_group);
+        if let Some(p) = self.checkpoints.as_mut() {
+            p.snapshot_taken(d.id, d.full, d.bytes);
+            p.submit(d.id, d.state, Timing { align_ms: d.align_ms, sync_ms: d.pause_ms, async_ms: 0.0 });
+        }
+        Ok(())
+    }
+
+    /// Completes the snapshot being drained, if any.
+    fn drain_all(&mut self) -> Result<(), TaskFailure> {
+        while self.draining.is_some() {
+            self.drain_step()?;
+        }
+        Ok(())
+    }
+
+    /// A whole snapshot, now (loop heads, upgrades, the final state).
+    fn snapshot_state(&mut self, id: CheckpointId) -> Result<SubtaskState, TaskFailure> {
+        let (mut state, full, mut more) = self.begin_snapshot(id)?;
+        let (mut calls, mut total) = (1, state.keyed.iter().map(|k| k.data.len() as u64).sum());
+        while more {
+            let (chunk, m) = self.pull_chunk(id, full, &mut calls, &mut total)?;
+            add_chunk(&mut state, chunk);
+            more = m;
+        }
+        state.keyed.sort_by_key(|k| k.key_group);
         if let Some(p) = self.checkpoints.as_mut() {
             p.snapshot_taken(id, full, state.keyed.iter().map(|k| k.data.len() as u64).sum());
         }
@@ -260,11 +416,36 @@ impl OperatorTask {
     fn checkpoint(&mut self, id: CheckpointId, align_started: Option<Instant>) -> Result<(), TaskFailure> {
         let align_ms = align_started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         self.output.broadcast(|| Message::Barrier(id)).map_err(|d| self.disconnected(d))?;
+        // The upgrade's control message may still be queued behind data: look for it.
+        self.read_control_ahead();
+        if self.upgrade.as_ref().is_none_or(|(u, _)| *u != id) && self.checkpoints.is_some() {
+            // The common case: the operator's state is copied out at the barrier (in chunks
+            // between the next batches if it is large), the stream goes on.
+            self.drain_all()?;
+            let t0 = Instant::now();
+            let (mut state, full, more) = self.begin_snapshot(id)?;
+            let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let bytes = state.keyed.iter().map(|k| k.data.len() as u64).sum();
+            let mut timers = std::collections::BTreeMap::new();
+            if more {
+                // Large state: the groups handed out so far go to disk now; groups with
+                // only timers wait for their data.
+                let (with_data, only_timers): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut state.keyed).into_iter().partition(|k| !k.data.is_empty());
+                timers = only_timers.into_iter().map(|k| (k.key_group, k)).collect();
+                if let Some(p) = self.checkpoints.as_ref() {
+                    p.submit_part(id, with_data);
+                }
+            }
+            self.draining = Some(Draining { id, full, state, timers, bytes, pause_ms, align_ms, calls: 1 });
+            if !more {
+                self.drain_finish()?;
+            }
+            return self.fault_at_barrier(id);
+        }
         let t0 = Instant::now();
         let state = self.snapshot_state(id)?;
         let sync_ms = t0.elapsed().as_secs_f64() * 1e3;
-        // The upgrade's control message may still be queued behind data: look for it.
-        self.read_control_ahead();
         let mut upgrade = self.upgrade.take_if(|(u, _)| *u == id).map(|(_, f)| f);
         if self
             .deferred
@@ -507,11 +688,16 @@ impl OperatorTask {
                 }
                 let wait =
                     if head.as_ref().is_some_and(|h| !h.loop_closed && h.lh.regular_inputs_ended()) { 5 } else { 50 };
-                received = self.inputs.recv(
-                    Some(Duration::from_millis(wait)),
-                    &|i| is_parked(&head, &aligner, i),
-                    control.as_ref(),
-                );
+                if self.draining.is_some() {
+                    // Nothing to process: pull the snapshot's next chunk instead of waiting.
+                    self.drain_step()?;
+                } else {
+                    received = self.inputs.recv(
+                        Some(Duration::from_millis(wait)),
+                        &|i| is_parked(&head, &aligner, i),
+                        control.as_ref(),
+                    );
+                }
             }
             match received {
                 Received::Idle => {}
@@ -580,6 +766,8 @@ impl OperatorTask {
                     self.route_emitted()?;
                     self.account(n);
                     self.inject_faults()?;
+                    // One chunk of a snapshot being drained per batch: short pauses.
+                    self.drain_step()?;
                     if let Some(id) = head.as_ref().and_then(|h| h.pending.as_ref()).map(|p| p.id) {
                         self.fault_while_logging(id)?;
                     }
