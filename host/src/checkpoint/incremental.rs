@@ -80,13 +80,6 @@ impl IncrementalPolicy {
             || self.delta_bytes > self.full_bytes
     }
 
-    /// Whether the final snapshot (after the input ended) must be full: it is held in memory
-    /// for every later checkpoint, so it is not a compaction point (only a missing chain
-    /// makes it full).
-    pub fn final_wants_full(&self) -> bool {
-        !self.enabled || self.chain.is_empty()
-    }
-
     /// A snapshot for `id` was taken (`full` or not) with `keyed_bytes` of keyed data, to be
     /// written as `file`. Returns the chain it references (empty for a full one).
     pub fn taken(&mut self, id: CheckpointId, file: &str, full: bool, keyed_bytes: u64) -> Vec<ChainLink> {
@@ -210,7 +203,6 @@ mod tests {
         assert!(!p.wants_full(false));
         p.taken(id(3), "f", false, 60);
         assert!(p.wants_full(false), "deltas outweigh the base");
-        assert!(!p.final_wants_full(), "the final snapshot stays a delta");
     }
 
     #[test]

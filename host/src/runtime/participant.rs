@@ -88,9 +88,6 @@ impl Participant {
         }
         self.forced_full.retain(|f| *f >= id);
         let forced = self.forced_full.remove(&id);
-        if id.0 == u64::MAX {
-            return self.incremental.final_wants_full();
-        }
         self.incremental.wants_full(forced)
     }
 
@@ -148,11 +145,23 @@ impl Participant {
         }
     }
 
+    /// The subtask's input is exhausted: tells the coordinator, returns the triggers seen
+    /// but not answered yet (an operator answers them, and every later one, with fresh
+    /// snapshots of its final state).
+    pub fn announce_finished(&mut self) -> Vec<CheckpointId> {
+        let _ = self.events.send(Event::Finished { task: self.task });
+        let last = self.last;
+        std::mem::take(&mut self.triggered).into_iter().filter(|c| last.is_none_or(|l| *c > l)).collect()
+    }
+
+    /// Whether checkpoint `c` still needs this subtask's state.
+    pub fn is_new(&self, c: CheckpointId) -> bool {
+        self.last.is_none_or(|l| c > l)
+    }
+
     /// Runs after the subtask's input is exhausted: acks every trigger with `state` (after
     /// `before_ack` for sinks, which pre-commit), applies `on_complete`, until `Shutdown`.
-    /// An operator's final state (taken as checkpoint `u64::MAX`, possibly incremental) is
-    /// shared by every later checkpoint, each referencing the same chain: applying the same
-    /// delta to the same base gives the same state.
+    /// (Sources and sinks: their state is small and shared by every later checkpoint.)
     pub fn finish(
         &mut self,
         id: &TaskId,
@@ -160,21 +169,16 @@ impl Participant {
         mut state: impl FnMut(CheckpointId) -> Result<Arc<SubtaskState>, TaskFailure>,
         mut on_complete: impl FnMut(CheckpointId) -> Result<(), TaskFailure>,
     ) -> Result<(), TaskFailure> {
-        let final_chain = self.incremental.submitted(CheckpointId(u64::MAX));
-        let _ = self.events.send(Event::Finished { task: self.task });
-        let remembered: Vec<CheckpointId> = std::mem::take(&mut self.triggered).into_iter().collect();
-        for c in remembered {
-            if self.last.is_none_or(|l| c > l) {
-                let s = state(c)?;
-                self.submit_shared(c, s, Timing::default(), final_chain.clone());
-            }
+        for c in self.announce_finished() {
+            let s = state(c)?;
+            self.submit_shared(c, s, Timing::default(), Vec::new());
         }
         loop {
             match self.control.recv_timeout(Duration::from_millis(50)) {
                 Ok(Control::Trigger(c)) => {
-                    if self.last.is_none_or(|l| c > l) {
+                    if self.is_new(c) {
                         let s = state(c)?;
-                        self.submit_shared(c, s, Timing::default(), final_chain.clone());
+                        self.submit_shared(c, s, Timing::default(), Vec::new());
                     }
                 }
                 Ok(Control::Complete(c)) => {

@@ -421,26 +421,7 @@ impl OperatorTask {
         if self.upgrade.as_ref().is_none_or(|(u, _)| *u != id) && self.checkpoints.is_some() {
             // The common case: the operator's state is copied out at the barrier (in chunks
             // between the next batches if it is large), the stream goes on.
-            self.drain_all()?;
-            let t0 = Instant::now();
-            let (mut state, full, more) = self.begin_snapshot(id)?;
-            let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let bytes = state.keyed.iter().map(|k| k.data.len() as u64).sum();
-            let mut timers = std::collections::BTreeMap::new();
-            if more {
-                // Large state: the groups handed out so far go to disk now; groups with
-                // only timers wait for their data.
-                let (with_data, only_timers): (Vec<_>, Vec<_>) =
-                    std::mem::take(&mut state.keyed).into_iter().partition(|k| !k.data.is_empty());
-                timers = only_timers.into_iter().map(|k| (k.key_group, k)).collect();
-                if let Some(p) = self.checkpoints.as_ref() {
-                    p.submit_part(id, with_data);
-                }
-            }
-            self.draining = Some(Draining { id, full, state, timers, bytes, pause_ms, align_ms, calls: 1 });
-            if !more {
-                self.drain_finish()?;
-            }
+            self.snapshot_streaming(id, align_ms)?;
             return self.fault_at_barrier(id);
         }
         let t0 = Instant::now();
@@ -814,12 +795,77 @@ impl OperatorTask {
         self.route_emitted()?;
         self.account(0);
         self.output.broadcast(|| Message::EndOfStream).map_err(|d| self.disconnected(d))?;
-        if self.checkpoints.is_none() {
-            return Ok(());
+        self.after_input()
+    }
+
+    /// After the input ended: answer every checkpoint with a snapshot of the final state,
+    /// taken when its trigger comes (full or incremental like any other, streamed in chunks,
+    /// so a large final state is never held in memory whole), until the job shuts down.
+    fn after_input(&mut self) -> Result<(), TaskFailure> {
+        let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
+        let control = p.control.clone();
+        for c in p.announce_finished() {
+            self.final_snapshot(c)?;
         }
-        let final_state = Arc::new(self.snapshot_state(CheckpointId(u64::MAX))?);
-        let Some(mut p) = self.checkpoints.take() else { return Ok(()) };
-        let (id, cancel) = (self.id.clone(), self.cancel.clone());
-        p.finish(&id, &cancel, |_| Ok(final_state.clone()), |_| Ok(()))
+        let mut early: Vec<Control> = self.deferred.drain(..).collect();
+        loop {
+            let next =
+                if early.is_empty() { control.recv_timeout(Duration::from_millis(50)) } else { Ok(early.remove(0)) };
+            let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
+            match next {
+                Ok(Control::Trigger(c)) => {
+                    if p.is_new(c) {
+                        self.final_snapshot(c)?;
+                    }
+                }
+                Ok(Control::Complete(_)) => p.completed += 1,
+                Ok(Control::FullSnapshot(c)) => p.force_full(c),
+                Ok(Control::Shutdown) | Ok(Control::Stop) => return Ok(()),
+                Ok(Control::Abort(_))
+                | Ok(Control::SuspendAfter(_))
+                | Ok(Control::PrepareUpgrade { .. })
+                | Ok(Control::UpgradeDecision { .. }) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if self.cancel.load(Ordering::Relaxed) {
+                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                }
+            }
+        }
+    }
+
+    /// Checkpoint `c` after the input ended: a snapshot like at a barrier, drained at once.
+    fn final_snapshot(&mut self, c: CheckpointId) -> Result<(), TaskFailure> {
+        self.snapshot_streaming(c, 0.0)?;
+        self.drain_all()
+    }
+
+    /// Takes the snapshot of `id` at its barrier: the first chunk now (the stream's pause),
+    /// the rest drained between the next batches and appended to the file as it comes.
+    fn snapshot_streaming(&mut self, id: CheckpointId, align_ms: f64) -> Result<(), TaskFailure> {
+        self.drain_all()?;
+        let t0 = Instant::now();
+        let (mut state, full, more) = self.begin_snapshot(id)?;
+        let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let bytes = state.keyed.iter().map(|k| k.data.len() as u64).sum();
+        let mut timers = std::collections::BTreeMap::new();
+        if more {
+            // Large state: the groups handed out so far go to disk now; groups with only
+            // timers wait for their data.
+            let (with_data, only_timers): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut state.keyed).into_iter().partition(|k| !k.data.is_empty());
+            timers = only_timers.into_iter().map(|k| (k.key_group, k)).collect();
+            if let Some(p) = self.checkpoints.as_ref() {
+                p.submit_part(id, with_data);
+            }
+        }
+        self.draining = Some(Draining { id, full, state, timers, bytes, pause_ms, align_ms, calls: 1 });
+        if !more {
+            self.drain_finish()?;
+        }
+        Ok(())
     }
 }
