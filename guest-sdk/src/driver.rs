@@ -146,6 +146,10 @@ pub fn close<Op: Operator>(slot: &Slot<Op>) -> Result<(), String> {
 /// (or one key group's worth, if larger: more key groups, finer chunks).
 pub const SNAPSHOT_CHUNK_BYTES: usize = 256 << 10;
 
+/// Entries one `snapshot` call walks at most (whole groups): a delta chunk is small in bytes
+/// but finding the changed entries walks every entry of its groups.
+pub const SNAPSHOT_CHUNK_ENTRIES: usize = 8192;
+
 /// The key group of the entry that says "more follows: call `snapshot` again with the same
 /// checkpoint id" (`wit/operator.wit`).
 pub const MORE: u32 = u32::MAX;
@@ -180,12 +184,12 @@ fn take_snapshot(rt: &mut Runtime, checkpoint: u64, mode: types::SnapshotMode) -
         rt.snapshot = Some(InProgress { checkpoint, full, next_slot: 0 });
     }
     let mut keyed = Vec::new();
-    let mut bytes = 0;
+    let (mut bytes, mut walked) = (0, 0);
     rt.blob_hint.0.resize(groups, 0);
     rt.blob_hint.1.resize(groups, 0);
     loop {
         let slot = match rt.snapshot.as_mut() {
-            Some(p) if p.next_slot < groups && bytes < SNAPSHOT_CHUNK_BYTES => {
+            Some(p) if p.next_slot < groups && bytes < SNAPSHOT_CHUNK_BYTES && walked < SNAPSHOT_CHUNK_ENTRIES => {
                 p.next_slot += 1;
                 p.next_slot - 1
             }
@@ -194,6 +198,7 @@ fn take_snapshot(rt: &mut Runtime, checkpoint: u64, mode: types::SnapshotMode) -
         // Every group that had state at the barrier is listed (absent = no state): a full
         // blob, or a delta of the changes since the previous snapshot (4 bytes when clean).
         let had = rt.keyed.iter().any(|s| s.table.borrow().had_state(slot));
+        walked += rt.keyed.iter().map(|s| s.table.borrow().len(slot)).sum::<usize>();
         // Sized like this group's previous blob of the same kind: no doubling copies.
         let hint = if full { &rt.blob_hint.0 } else { &rt.blob_hint.1 };
         let mut data = Vec::with_capacity(if had { hint[slot] } else { 0 });

@@ -153,6 +153,8 @@ impl<V> KeyedTable<V> {
 
 /// Type-erased access the SDK needs for snapshot and restore.
 pub(crate) trait ErasedTable {
+    /// Entries in group `slot` (what handing it out walks).
+    fn len(&self, slot: usize) -> usize;
     /// Freezes the state for a snapshot (full, or a delta since the previous one); groups
     /// are then handed out by [`ErasedTable::write_group`], while writes go on.
     fn freeze(&mut self, full: bool);
@@ -169,6 +171,10 @@ pub(crate) trait ErasedTable {
 }
 
 impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
+    fn len(&self, slot: usize) -> usize {
+        self.groups[slot].len()
+    }
+
     fn freeze(&mut self, full: bool) {
         // From the first snapshot on (checkpointing is on), removals are remembered until the
         // next one, which may be incremental. Without checkpoints nothing accumulates.
