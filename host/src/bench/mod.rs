@@ -145,14 +145,20 @@ fn expect_in(r: &RunReport, job: &str, id: &str, n: u64) -> Result<(), BenchErro
     Ok(())
 }
 
-fn source_count(opts: &BenchOptions, job: &str) -> Result<u64, BenchError> {
-    let path = opts.dir.join(job);
+/// The job file `job` in `dir`, as a TOML table.
+fn read_job(dir: &Path, job: &str) -> Result<toml::Table, BenchError> {
+    let path = dir.join(job);
     let text = std::fs::read_to_string(&path)
         .map_err(|source| BenchError::Io { what: format!("reading {}", path.display()), source })?;
-    let t: toml::Table = text.parse().map_err(|e| variant::VariantError {
+    Ok(text.parse().map_err(|e| variant::VariantError {
         path: path.display().to_string(),
         what: format!("not valid TOML: {e}"),
-    })?;
+    })?)
+}
+
+/// The first generator's `count`.
+fn source_count(opts: &BenchOptions, job: &str) -> Result<u64, BenchError> {
+    let t = read_job(&opts.dir, job)?;
     Ok(t.get("source")
         .and_then(|s| s.as_array())
         .and_then(|a| a.first())
@@ -170,9 +176,9 @@ pub fn j1(opts: &BenchOptions) -> Result<f64, BenchError> {
     };
     println!("\n## J1 keyed count: generator -> hash -> counter -> blackhole, N = {n}, {} rounds\n", opts.runs);
     println!(
-        "| p | checkpoints | records/s (median) | vs off | vs native | vs Flink 2.3 | checkpoints | mean duration | max sync | max async | peak RSS |"
+        "| p | checkpoints | records/s (median) | vs off | vs native | vs Flink 2.3 | per run | mean duration | max sync | max async | mean bytes | peak RSS |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let configs: [(&str, Option<u64>, Option<&str>); 4] = [
         ("off", Some(0), None),
         ("every 1 s", Some(1000), None),
@@ -204,15 +210,20 @@ pub fn j1(opts: &BenchOptions) -> Result<f64, BenchError> {
             let cps: Vec<&CheckpointMetrics> = results[c].iter().flat_map(|r| r.checkpoints.iter()).collect();
             let rss = median(results[c].iter().map(|r| r.peak_rss_bytes as f64).collect());
             println!(
-                "| {p} | {label} | {:.2} M | {:.3} | {:.2} | {:.1}x | {} | {:.1} ms | {:.2} ms | {:.2} ms | {} |",
+                "| {p} | {label} | {:.2} M | {:.3} | {:.2} | {:.1}x | {:.1} | {:.1} ms | {:.2} ms | {:.2} ms | {} | {} |",
                 rates[c] / 1e6,
                 rates[c] / rates[0],
                 rates[c] / rates[3],
                 rates[c] / FLINK_J1_P1,
-                cps.len() / results[c].len().max(1),
+                cps.len() as f64 / results[c].len().max(1) as f64,
                 mean(cps.iter().map(|c| c.duration_ms)),
                 cps.iter().map(|c| c.sync_ms_max).fold(0.0, f64::max),
                 cps.iter().map(|c| c.async_ms_max).fold(0.0, f64::max),
+                if cps.is_empty() {
+                    "–".into()
+                } else {
+                    format!("{:.0} kB", mean(cps.iter().map(|c| c.bytes as f64)) / 1e3)
+                },
                 mb(rss),
             );
         }
@@ -225,8 +236,7 @@ pub fn j1(opts: &BenchOptions) -> Result<f64, BenchError> {
 /// the keys changed per interval).
 pub fn j3(opts: &BenchOptions) -> Result<(), BenchError> {
     let n = source_count(opts, "j3.toml")?;
-    let text = std::fs::read_to_string(opts.dir.join("j3.toml")).unwrap_or_default();
-    let t: toml::Table = text.parse().unwrap_or_default();
+    let t = read_job(&opts.dir, "j3.toml")?;
     let src = t.get("source").and_then(|s| s.as_array()).and_then(|a| a.first());
     let keys = src.and_then(|s| s.get("keys")).and_then(|v| v.as_integer()).unwrap_or(0) as u64;
     let vb = src.and_then(|s| s.get("value_bytes")).and_then(|v| v.as_integer()).unwrap_or(0) as u64;
@@ -240,7 +250,7 @@ pub fn j3(opts: &BenchOptions) -> Result<(), BenchError> {
         opts.runs
     );
     println!(
-        "| input | snapshots | records/s | checkpoints | mean duration | max duration | max sync | max async | first (full) | later (median) | peak RSS | RSS / raw |"
+        "| input | snapshots | records/s | checkpoints per run | mean duration | max duration | max sync | max async | first (full) | later (median) | peak RSS | RSS / raw |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let long = format!("N = {}M, unthrottled", 5 * n / 1_000_000);
@@ -281,10 +291,10 @@ pub fn j3(opts: &BenchOptions) -> Result<(), BenchError> {
             .collect();
         let rss = median(rs.iter().map(|r| r.peak_rss_bytes as f64).collect());
         println!(
-            "| {label} | {} | {:.2} M | {} | {:.0} ms | {:.0} ms | {:.2} ms | {:.0} ms | {} | {} | {} | {:.2} |",
+            "| {label} | {} | {:.2} M | {:.1} | {:.0} ms | {:.0} ms | {:.2} ms | {:.0} ms | {} | {} | {} | {:.2} |",
             if *incremental { "incremental" } else { "full" },
             median(rs.iter().map(|r| rate(r, *count)).collect()) / 1e6,
-            cps.len() / rs.len().max(1),
+            cps.len() as f64 / rs.len().max(1) as f64,
             mean(cps.iter().map(|c| c.duration_ms)),
             cps.iter().map(|c| c.duration_ms).fold(0.0, f64::max),
             cps.iter().map(|c| c.sync_ms_max).fold(0.0, f64::max),
@@ -343,12 +353,7 @@ pub fn latency(opts: &BenchOptions, max_rate: f64, fraction: f64) -> Result<(), 
 pub fn check_components(dir: &Path) -> Result<(), BenchError> {
     for job in ["j1.toml", "j3.toml", "latency.toml"] {
         let path = dir.join(job);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| BenchError::Io { what: format!("reading {}", path.display()), source })?;
-        let t: toml::Table = text.parse().map_err(|e| variant::VariantError {
-            path: path.display().to_string(),
-            what: format!("not valid TOML: {e}"),
-        })?;
+        let t = read_job(dir, job)?;
         for op in t.get("operator").and_then(|o| o.as_array()).into_iter().flatten() {
             let c = op.get("component").and_then(|c| c.as_str()).unwrap_or_default();
             if !c.starts_with("native:") && !dir.join(c).exists() {
