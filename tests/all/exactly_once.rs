@@ -253,7 +253,7 @@ fn check_exact_incremental(count: u64, keys: u64, rate: u64) {
     let bound = job::bind::bind(&new_engine().unwrap(), job::parse(&path, &toml).unwrap()).unwrap();
     executor::run(&bound, &RunOptions { quiet_guests: true, ..Default::default() }).unwrap();
     let store = CheckpointStore::new(&dir.path().join("chk"), "inc");
-    let (mut full, mut deltas, mut steady) = (0u64, 0, Vec::new());
+    let (mut full, mut deltas, mut steady, mut chained) = (0u64, 0, Vec::new(), None);
     for l in store.list() {
         let c = weir::checkpoint::storage::load(&l.path).unwrap_or_else(|e| panic!("checkpoint {}: {e}", l.id));
         let Some(weir::checkpoint::snapshot::SourcePosition::Generator { next }) =
@@ -277,12 +277,17 @@ fn check_exact_incremental(count: u64, keys: u64, rate: u64) {
             full = full.max(entry.bytes);
         } else {
             deltas += 1;
+            chained = Some(l.path.clone());
             if next >= keys && !c.manifest.finished {
                 steady.push(entry.bytes);
             }
         }
     }
     assert!(deltas >= 5, "the run must take incremental checkpoints: {deltas}");
+    // `weir checkpoints inspect` shows (and verifies) what an incremental checkpoint builds on.
+    let out = crate::support::weir().args(["checkpoints", "inspect"]).arg(chained.unwrap()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("incremental, builds on chk-"), "{text}");
     steady.sort();
     let median = steady[steady.len() / 2];
     // 50 ms at `rate` changes a sixth of the keys at most.

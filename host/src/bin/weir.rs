@@ -653,6 +653,10 @@ fn inspect(dir: &std::path::Path) -> Result<()> {
             if let Some(k) = &st.sink {
                 what.push(format!("next part {}, pending {:?}", k.next_part, k.pending));
             }
+            if !s.chain.is_empty() {
+                let links: Vec<String> = s.chain.iter().map(|l| format!("chk-{}/{}", l.checkpoint, l.file)).collect();
+                what.push(format!("incremental, builds on {} (folded, verified)", links.join(", ")));
+            }
             println!(
                 "    #{} key groups [{}, {})  {}  {} bytes  crc32 {:08x} ok  {}",
                 s.index,
