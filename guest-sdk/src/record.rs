@@ -83,8 +83,8 @@ pub fn write_record(out: &mut Vec<u8>, tag: u32, timestamp: i64, key: &[u8], val
     out.extend_from_slice(&timestamp.to_le_bytes());
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
+    crate::context::push_bytes(out, key);
+    crate::context::push_bytes(out, value);
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Counts records per key and emits `(key, "<key> <count>")` for every record.
 
-use weir_guest::{Context, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, ValueState, push_u64};
+use weir_guest::{
+    Context, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, ValueState, push_bytes, push_u64,
+};
 
 struct Counter {
     count: ValueState<u64>,
@@ -23,7 +25,7 @@ impl Operator for Counter {
         });
         // The value is written straight into the output buffer: no allocation per record.
         ctx.emit_with(rec.key, |v| {
-            v.extend_from_slice(rec.key);
+            push_bytes(v, rec.key);
             v.push(b' ');
             push_u64(v, n);
         });
