@@ -572,6 +572,7 @@ fn run_attempt(
                         termination: termination.clone(),
                         suspend_after: None,
                         suspended: false,
+                        faults: opts.faults.clone().map(|plan| Faults { plan, attempt }),
                     })
                 }
                 NodeKind::Operator(op) => {

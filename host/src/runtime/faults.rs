@@ -1,6 +1,13 @@
 //! Seeded failure injection, for proving exactly-once: a plan says, per attempt of a run,
 //! which subtask fails how and when (after how many records and completed checkpoints).
 //! Every failure replays from its seed.
+//!
+//! Invariant: a planned fault fires on events the test controls, never on how fast the machine
+//! is. The sources of an attempt hold back their end of input while a fault planned for that
+//! attempt has not fired ([`FaultPlan::holds_input`]); once one holds, the record condition counts
+//! as met (the input is exhausted) and checkpoints keep completing, so every fault that fires on a
+//! record, at idle or at a barrier comes due before the job can end. `WhileLogging` faults need
+//! records circulating on a back-edge and are not held for.
 
 use std::sync::Mutex;
 
@@ -44,13 +51,38 @@ pub struct Fault {
 pub struct FaultPlan {
     faults: Vec<Fault>,
     fired: Mutex<Vec<bool>>,
+    /// Attempts in which a source holds back its end of input.
+    held: Mutex<Vec<u32>>,
 }
 
 impl FaultPlan {
     /// A plan of explicit faults.
     pub fn new(faults: Vec<Fault>) -> Self {
         let fired = Mutex::new(vec![false; faults.len()]);
-        FaultPlan { faults, fired }
+        FaultPlan { faults, fired, held: Mutex::new(Vec::new()) }
+    }
+
+    /// Whether a source of `attempt` must hold back its end of input: a fault planned for that
+    /// attempt, of a kind that can fire without more input, has not fired yet. Asking marks the
+    /// attempt's input as exhausted, which meets every record condition of its faults.
+    pub fn holds_input(&self, attempt: u32) -> bool {
+        let fired = self.fired.lock().unwrap();
+        let pending = self
+            .faults
+            .iter()
+            .zip(fired.iter())
+            .any(|(f, d)| !*d && f.attempt == attempt && f.kind != FaultKind::WhileLogging);
+        if pending {
+            let mut held = self.held.lock().unwrap();
+            if !held.contains(&attempt) {
+                held.push(attempt);
+            }
+        }
+        pending
+    }
+
+    fn records_met(&self, f: &Fault, records: u64) -> bool {
+        records >= f.after_records || self.held.lock().unwrap().contains(&f.attempt)
     }
 
     /// `failures` faults (one per attempt 0..failures), each in a subtask drawn from
@@ -94,7 +126,7 @@ impl FaultPlan {
     pub fn due(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> Option<FaultKind> {
         self.take(attempt, node, subtask, |f| {
             matches!(f.kind, FaultKind::GuestTrap | FaultKind::HostPanic)
-                && records >= f.after_records
+                && self.records_met(f, records)
                 && checkpoints >= f.after_checkpoints
         })
     }
@@ -102,7 +134,7 @@ impl FaultPlan {
     /// Whether to fail at this aligned barrier.
     pub fn due_at_barrier(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> bool {
         self.take(attempt, node, subtask, |f| {
-            f.kind == FaultKind::DuringCheckpoint && records >= f.after_records && checkpoints >= f.after_checkpoints
+            f.kind == FaultKind::DuringCheckpoint && self.records_met(f, records) && checkpoints >= f.after_checkpoints
         })
         .is_some()
     }
@@ -156,5 +188,25 @@ mod tests {
         assert!(fire(&a));
         assert!(!fire(&a), "fires once");
         assert!(a.due(1, "op", f.subtask, 0, 0).is_none() || a.faults()[1].after_records == 0);
+    }
+
+    #[test]
+    fn a_held_input_meets_the_record_condition_but_not_the_checkpoint_one() {
+        let fault = |kind, after_checkpoints| Fault {
+            attempt: 0,
+            node: "op".into(),
+            subtask: 0,
+            after_records: 1_000,
+            after_checkpoints,
+            kind,
+        };
+        let p = FaultPlan::new(vec![fault(FaultKind::GuestTrap, 3), fault(FaultKind::WhileLogging, 0)]);
+        assert!(p.due(0, "op", 0, 10, 5).is_none(), "too few records, input not held");
+        assert!(!p.holds_input(1), "nothing planned for attempt 1");
+        assert!(p.holds_input(0), "the trap is pending");
+        assert!(p.due(0, "op", 0, 10, 2).is_none(), "held, but too few checkpoints");
+        assert_eq!(p.due(0, "op", 0, 10, 3), Some(FaultKind::GuestTrap));
+        assert!(!p.holds_input(0), "a WhileLogging fault alone holds nothing");
+        assert!(!p.due_while_logging(0, "op", 0, 10, 0), "WhileLogging still needs its records");
     }
 }

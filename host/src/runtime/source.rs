@@ -76,6 +76,8 @@ pub struct SourceTask {
     pub suspend_after: Option<crate::ids::CheckpointId>,
     /// Suspended after a stop-with-savepoint barrier.
     pub suspended: bool,
+    /// Failure injection (tests): the end of input waits for the attempt's planned faults.
+    pub faults: Option<crate::runtime::task::Faults>,
 }
 
 /// Whether the source goes on.
@@ -158,6 +160,23 @@ impl SourceTask {
         }
     }
 
+    /// Failure injection: the input ends only after every fault planned for this attempt fired
+    /// (the failure cancels the attempt); meanwhile checkpoints go on. See `runtime::faults`.
+    fn hold_for_faults(&mut self) -> Result<Flow, TaskFailure> {
+        let Some(f) = self.faults.clone() else { return Ok(Flow::Go) };
+        while f.plan.holds_input(f.attempt) {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(TaskFailure::Cancelled { task: self.id.clone() });
+            }
+            if let Flow::Stop = self.poll_control()? {
+                return Ok(Flow::Stop);
+            }
+            self.output.flush().map_err(|_| self.disconnected())?;
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        Ok(Flow::Go)
+    }
+
     /// Runs the source to exhaustion (and, with checkpointing, until the job's final
     /// checkpoint is complete).
     pub fn run(mut self) -> Result<(), TaskFailure> {
@@ -196,6 +215,9 @@ impl SourceTask {
                 let wm = g.last_timestamp();
                 self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
             }
+        }
+        if let Flow::Stop = self.hold_for_faults()? {
+            return Ok(());
         }
         if let Flow::Stop = self.poll_control()? {
             return Ok(());

@@ -41,6 +41,7 @@ pub struct Restore {
 }
 
 /// Failure injection for this subtask.
+#[derive(Clone)]
 pub struct Faults {
     /// The plan.
     pub plan: Arc<FaultPlan>,
@@ -244,8 +245,13 @@ impl OperatorTask {
     }
 
     /// Fires due timers of `domain` at `now`, repeatedly (a timer may register another due one).
+    /// A guest that keeps re-registering due timers never ends this loop by itself: each
+    /// round checks cancellation, so the job can still be cancelled.
     fn fire_timers(&mut self, domain: TimeDomain, now: i64) -> Result<(), TaskFailure> {
         loop {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(TaskFailure::Cancelled { task: self.id.clone() });
+            }
             let host = self.instance.host();
             let due = match domain {
                 TimeDomain::EventTime => host.event_timers.pop_due(now),
@@ -654,6 +660,7 @@ impl OperatorTask {
                 if self.cancel.load(Ordering::Relaxed) {
                     return Err(TaskFailure::Cancelled { task: self.id.clone() });
                 }
+                self.inject_faults()?;
                 self.output.flush().map_err(|d| self.disconnected(d))?;
                 if !self.instance.host().processing_timers.is_empty() {
                     self.fire_timers(TimeDomain::ProcessingTime, now_ms())?;
