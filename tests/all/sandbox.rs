@@ -106,6 +106,13 @@ fn sandbox_limits_above_the_host_ceiling_are_refused_at_load() {
         "{e}"
     );
     assert!(e.to_string().contains("job.toml:5: "), "the error names the line: {e}");
+    // Channel and batch buffers are host memory too: their sizes have ceilings.
+    let toml = hostile_job("spin").replace("batch_size = 16", "batch_size = 100000000");
+    let e = crate::support::run_job_in(d.path(), &toml).unwrap_err().to_string();
+    assert!(e.contains("batch_size must be in 1..=16384 (this host's ceiling), got 100000000"), "{e}");
+    let toml = hostile_job("spin").replace("batch_size = 16", "channel_capacity = 1000000");
+    let e = crate::support::run_job_in(d.path(), &toml).unwrap_err().to_string();
+    assert!(e.contains("channel_capacity must be in 1..=256 batches"), "{e}");
 }
 
 mod server {
@@ -161,12 +168,13 @@ mod server {
             max_memory_mb: 512,
             max_parallelism: 4,
             max_subtasks: 12,
+            max_requests: 8,
         };
-        let cfg = ServerConfig {
-            listen: "127.0.0.1:0".into(),
-            data_dir: d.path().join("data"),
-            tenant: vec![tenant("acme", ACME), tenant("evil", EVIL)],
-        };
+        let cfg = ServerConfig::new(
+            "127.0.0.1:0".into(),
+            d.path().join("data"),
+            vec![tenant("acme", ACME), tenant("evil", EVIL)],
+        );
         let api = Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap();
         let server = api.serve("127.0.0.1:0").unwrap();
         let addr = server.addr.to_string();
@@ -289,6 +297,169 @@ mod server {
         assert_eq!(s, 200, "{v}");
         wait_state(&addr, ACME, v["id"].as_str().unwrap(), "FINISHED");
         assert!(committed_lines(&d.path().join("data/acme/files/second-out")) == expected, "resumed exactly once");
+    }
+}
+
+/// The API's front door under attack: trickling heads, smuggled and malformed requests, more
+/// connections than allowed, and a tenant flooding its own request slots. Another tenant's
+/// requests are answered throughout, and every refusal names its bound.
+mod front_door {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+
+    use super::*;
+    use weir::api::http::send;
+    use weir::api::server::Api;
+    use weir::api::tenants::{ServerConfig, Tenant};
+
+    const GOOD: &str = "good-token-0123456789";
+    const EVIL: &str = "evil-token-0123456789";
+
+    fn server(d: &Path, tweak: impl FnOnce(&mut ServerConfig)) -> weir::api::server::ApiServer {
+        let tenant = |name: &str, token: &str| Tenant {
+            name: name.into(),
+            token: token.into(),
+            max_jobs: 1,
+            max_memory_mb: 64,
+            max_parallelism: 1,
+            max_subtasks: 4,
+            max_requests: 2,
+        };
+        let mut cfg =
+            ServerConfig::new("127.0.0.1:0".into(), d.join("data"), vec![tenant("good", GOOD), tenant("evil", EVIL)]);
+        tweak(&mut cfg);
+        let api = Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap();
+        api.serve("127.0.0.1:0").unwrap()
+    }
+
+    /// A connection from 127.0.0.66, another loopback address than the good tenant's
+    /// 127.0.0.1, so per-address caps can be told apart.
+    fn attacker(addr: SocketAddr) -> TcpStream {
+        use socket2::{Domain, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::from(([127, 0, 0, 66], 0)).into()).expect("binding to 127.0.0.66 (loopback /8)");
+        s.connect(&addr.into()).unwrap();
+        s.into()
+    }
+
+    fn good_lists(addr: &str) {
+        let (s, v) = send(addr, "GET", "/v1/jobs", GOOD, b"", Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "the good tenant is answered: {v}");
+    }
+
+    fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(bytes).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn sandbox_trickling_clients_cannot_lock_other_tenants_out_of_the_api() {
+        let d = scratch();
+        let srv = server(d.path(), |c| {
+            c.header_timeout_ms = Some(1_000);
+            c.max_connections_per_ip = Some(32);
+        });
+        let addr = srv.addr;
+        // 200 connections trickling a request line byte by byte, more than every old slot.
+        let mut held: Vec<TcpStream> = (0..200).map(|_| attacker(addr)).collect();
+        for (i, c) in held.iter_mut().enumerate() {
+            let _ = c.write_all(&b"GET /v1/jobs HTTP/1.1\r\n"[..1 + i % 5]);
+        }
+        good_lists(&addr.to_string());
+        // A head trickled a byte every 20 ms is cut at the 1 s header deadline, however the
+        // bytes come: writing fails long before the 1 500 bytes (30 s) are through.
+        let mut c = attacker(addr);
+        let head = format!("GET /v1/jobs HTTP/1.1\r\nX-Slow: {}", "a".repeat(1500));
+        let sent = head.bytes().take_while(|b| {
+            std::thread::sleep(Duration::from_millis(20));
+            c.write_all(&[*b]).is_ok()
+        });
+        assert!(sent.count() < 1500, "a trickled head was never cut");
+        good_lists(&addr.to_string());
+        drop(held);
+    }
+
+    #[test]
+    fn sandbox_connections_over_the_per_address_cap_are_refused_naming_it() {
+        let d = scratch();
+        let srv = server(d.path(), |c| c.max_connections_per_ip = Some(8));
+        let addr = srv.addr;
+        let mut held: Vec<TcpStream> = (0..8).map(|_| attacker(addr)).collect();
+        held[0].write_all(b"G").unwrap();
+        let mut over = attacker(addr);
+        over.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut out = String::new();
+        let _ = over.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 503") && out.contains("too many connections (at most 8 from"), "{out}");
+        good_lists(&addr.to_string());
+        drop(held);
+    }
+
+    #[test]
+    fn sandbox_smuggled_malformed_and_oversized_requests_are_refused_by_the_http_library() {
+        let d = scratch();
+        let srv = server(d.path(), |_| {});
+        let addr = srv.addr;
+        // Content-Length and Transfer-Encoding together: the classic smuggling set-up.
+        let smuggle = format!(
+            "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {GOOD}\r\nContent-Length: 4\r\n\
+             Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n"
+        );
+        let out = raw(addr, smuggle.as_bytes());
+        assert!(out.starts_with("HTTP/1.1 400"), "smuggling refused: {out}");
+        assert_eq!(out.matches("HTTP/1.1").count(), 1, "the smuggled request is never answered: {out}");
+        let out = raw(addr, b"GET /v1/jobs HTTP/1.1\r\nHost x no colon\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 400"), "malformed header: {out}");
+        let out = raw(addr, b"GARBAGE\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 400"), "malformed request line: {out}");
+        let huge = format!("GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n", "a".repeat(64 << 10));
+        let out = raw(addr, huge.as_bytes());
+        assert!(out.starts_with("HTTP/1.1 431") || out.starts_with("HTTP/1.1 400"), "oversized head: {out}");
+        // A body larger than allowed is refused from its declared length, unread.
+        let big = format!(
+            "POST /v1/components HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {GOOD}\r\nContent-Length: {}\r\n\r\n",
+            1u64 << 40
+        );
+        let out = raw(addr, big.as_bytes());
+        assert!(out.starts_with("HTTP/1.1 413") && out.contains("exceeds"), "{out}");
+        // Without a token, a body is never waited for.
+        let out = raw(addr, b"POST /v1/components HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+        good_lists(&addr.to_string());
+    }
+
+    #[test]
+    fn sandbox_a_tenant_over_its_requests_in_flight_gets_429_and_the_other_is_served() {
+        let d = scratch();
+        let srv = server(d.path(), |c| c.body_timeout_ms = Some(60_000));
+        let addr = srv.addr;
+        // Two authenticated uploads whose bodies never come hold evil's two request slots.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut c = attacker(addr);
+            let head = format!(
+                "POST /v1/components HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {EVIL}\r\nContent-Length: 1000\r\n\r\nab"
+            );
+            c.write_all(head.as_bytes()).unwrap();
+            held.push(c);
+        }
+        // Wait until both are in (the third is refused), without a clock: poll the answer.
+        let t0 = Instant::now();
+        loop {
+            let (s, v) = send(&addr.to_string(), "GET", "/v1/jobs", EVIL, b"", Duration::from_secs(30)).unwrap();
+            if s == 429 {
+                assert!(v.contains("max_requests") && v.contains("evil"), "{v}");
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "evil's slots never filled: {s} {v}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        good_lists(&addr.to_string());
+        drop(held);
     }
 }
 

@@ -1,10 +1,8 @@
-//! Minimal HTTP/1.1: one request per connection (`Connection: close`), `Content-Length`
-//! bodies only. Invariants: a malformed or oversized request gets a 400/413 answer and never
-//! takes the server down; the head is capped at [`MAX_HEAD`] bytes, the whole request must
-//! arrive within [`REQUEST_DEADLINE`], and the body is only read once the caller is
-//! authorized (so an unauthenticated peer cannot make the server allocate or wait for it).
+//! The API's requests and answers as the routes see them (the server side of HTTP is hyper's,
+//! in `listener.rs`), and the CLI's small blocking client: one request per connection
+//! (`Connection: close`), `Content-Length` bodies.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -12,8 +10,6 @@ use std::time::Duration;
 pub const MAX_BODY: usize = 64 << 20;
 /// Largest accepted request line + headers.
 pub const MAX_HEAD: usize = 16 << 10;
-/// The whole request must have arrived by then.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A parsed request.
 #[derive(Debug)]
@@ -56,104 +52,6 @@ impl Response {
     pub fn error(status: u16, message: impl Into<String>) -> Self {
         Response { status, body: serde_json::json!({ "error": message.into() }).to_string() }
     }
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        409 => "Conflict",
-        413 => "Payload Too Large",
-        408 => "Request Timeout",
-        503 => "Service Unavailable",
-        _ => "Internal Server Error",
-    }
-}
-
-/// Reads one request from `stream`; `authorized(token)` is asked before the body is read.
-pub fn read_request(stream: &mut TcpStream, authorized: &dyn Fn(Option<&str>) -> bool) -> Result<Request, Response> {
-    let deadline = std::time::Instant::now() + REQUEST_DEADLINE;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut r = BufReader::new(stream);
-    let mut head_bytes = 0usize;
-    let mut read_line = |r: &mut BufReader<&mut TcpStream>, what: &str| -> Result<String, Response> {
-        let mut line = Vec::new();
-        let n = r
-            .by_ref()
-            .take((MAX_HEAD - head_bytes.min(MAX_HEAD)) as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(|e| Response::error(400, format!("reading {what}: {e}")))?;
-        head_bytes += n;
-        if head_bytes > MAX_HEAD {
-            return Err(Response::error(413, format!("request head exceeds {MAX_HEAD} bytes")));
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(Response::error(408, "request too slow"));
-        }
-        String::from_utf8(line).map_err(|_| Response::error(400, format!("{what} is not UTF-8")))
-    };
-    let line = read_line(&mut r, "the request line")?;
-    let mut parts = line.split_whitespace();
-    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
-        return Err(Response::error(400, "malformed request line"));
-    };
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let query = query
-        .split('&')
-        .filter(|q| !q.is_empty())
-        .map(|q| q.split_once('=').map_or((q.to_string(), String::new()), |(k, v)| (k.into(), v.into())))
-        .collect();
-    let (mut len, mut token) = (0usize, None);
-    loop {
-        let h = read_line(&mut r, "headers")?;
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        let Some((k, v)) = h.split_once(':') else { return Err(Response::error(400, "malformed header")) };
-        let v = v.trim();
-        if k.eq_ignore_ascii_case("content-length") {
-            len = v.parse().map_err(|_| Response::error(400, "bad Content-Length"))?;
-        } else if k.eq_ignore_ascii_case("authorization") {
-            token = v.strip_prefix("Bearer ").map(str::to_string);
-        }
-    }
-    if !authorized(token.as_deref()) {
-        return Err(Response::error(401, "missing or wrong bearer token"));
-    }
-    if len > MAX_BODY {
-        return Err(Response::error(413, format!("body of {len} bytes exceeds {MAX_BODY}")));
-    }
-    let mut body = Vec::with_capacity(len.min(1 << 20));
-    let mut chunk = [0u8; 64 << 10];
-    while body.len() < len {
-        if std::time::Instant::now() > deadline {
-            return Err(Response::error(408, "request too slow"));
-        }
-        let want = (len - body.len()).min(chunk.len());
-        let n = r.read(&mut chunk[..want]).map_err(|e| Response::error(400, format!("reading the body: {e}")))?;
-        if n == 0 {
-            return Err(Response::error(400, "the body ended early"));
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Ok(Request { method: method.to_string(), path: path.to_string(), query, token, body })
-}
-
-/// Writes `resp` and closes.
-pub fn write_response(stream: &mut TcpStream, resp: &Response) {
-    let head = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        resp.status,
-        reason(resp.status),
-        resp.body.len()
-    );
-    let _ = stream.write_all(head.as_bytes());
-    let _ = stream.write_all(resp.body.as_bytes());
-    let _ = stream.flush();
 }
 
 /// Sends one request to `addr` (`host:port`) and returns (status, body).

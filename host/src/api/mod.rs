@@ -2,12 +2,14 @@
 //! loopback for its one job (and registers it so `weir list`/`savepoint`/`stop`/`upgrade`
 //! find it); `weir serve` serves the same routes for many tenants' jobs (`tenants.rs`).
 //!
-//! Why a small built-in HTTP layer instead of hyper/axum: the data path is threads and
-//! channels, the control traffic is a handful of requests, and the layer below is ~200
-//! lines with no async runtime to host.
+//! HTTP is hyper's (`listener.rs`, on a tokio runtime of its own): a shared server faces
+//! trickling, smuggling and malformed clients, which a well-kept HTTP library handles and a
+//! hand-written parser keeps getting wrong. The routes stay blocking (`server.rs`): they wait
+//! on job threads and channels, and run on the runtime's blocking pool.
 
 pub mod client;
 pub mod http;
+pub mod listener;
 pub mod registry;
 pub mod server;
 pub mod tenants;

@@ -16,14 +16,15 @@
 //! ```
 //!
 //! Every request needs `Authorization: Bearer <token>`, which says which tenant calls.
-//! Invariants: a request never blocks the others (one thread per connection); a tenant only
+//! Invariants: a request never blocks the others (the front door in `listener.rs` runs each
+//! handler on a blocking pool, within per-tenant and per-connection bounds); a tenant only
 //! ever sees its own jobs (another tenant's job id answers 404, like no job); every failure
 //! is a JSON `{"error": ...}` naming the job, operator, quota or file concerned.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ use serde::Deserialize;
 use wasmtime::Engine;
 
 use crate::api::http::{self, Response};
+use crate::api::listener::{self, Caller, FrontDoor, Listening, Routes};
 use crate::api::tenants::{ServerConfig, Tenant, confined};
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::operator::OperatorFactory;
@@ -40,8 +42,6 @@ use crate::sandbox::instance::{LoadedComponent, sha256_hex};
 
 /// How long a savepoint, stop or upgrade may take before the API answers with a timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-/// Requests served at once; more are answered 503 at once.
-pub const MAX_CONNECTIONS: usize = 128;
 
 /// A job the API serves.
 #[derive(Clone)]
@@ -78,30 +78,18 @@ pub struct Api {
     next_id: AtomicU64,
     /// Held while compiling an uploaded or submitted component.
     compiling: Mutex<()>,
+    /// The front door's bounds.
+    door: FrontDoor,
 }
 
-/// A running API server.
+/// A running API server; dropping it stops accepting, then lets requests in flight write
+/// their answers (e.g. the reply to the `stop` that ended the job), for up to 5 s.
 pub struct ApiServer {
     /// Where it listens.
     pub addr: SocketAddr,
     /// The API.
     pub api: Arc<Api>,
-    stop: Arc<AtomicBool>,
-    inflight: Arc<AtomicUsize>,
-}
-
-impl Drop for ApiServer {
-    /// Stops accepting, then lets requests in flight write their answers (e.g. the reply to
-    /// the `stop` that ended the job), for up to 5 s.
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Wake the accept loop.
-        let _ = std::net::TcpStream::connect(self.addr);
-        let t0 = std::time::Instant::now();
-        while self.inflight.load(Ordering::Acquire) > 0 && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
+    _listening: Listening,
 }
 
 #[derive(Deserialize, Default)]
@@ -122,6 +110,7 @@ impl Api {
             data_dir: None,
             next_id: AtomicU64::new(1),
             compiling: Mutex::new(()),
+            door: FrontDoor::default(),
         })
     }
 
@@ -138,6 +127,7 @@ impl Api {
             data_dir: Some(config.data_dir.clone()),
             next_id: AtomicU64::new(1),
             compiling: Mutex::new(()),
+            door: config.front_door(),
         }))
     }
 
@@ -149,38 +139,8 @@ impl Api {
 
     /// Listens on `addr` (port 0: any free port) until the returned server is dropped.
     pub fn serve(self: &Arc<Self>, addr: &str) -> std::io::Result<ApiServer> {
-        let listener = TcpListener::bind(addr)?;
-        let local = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let inflight = Arc::new(AtomicUsize::new(0));
-        let (api, stop2, inflight2) = (self.clone(), stop.clone(), inflight.clone());
-        std::thread::Builder::new().name("api".into()).spawn(move || {
-            for conn in listener.incoming() {
-                if stop2.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Ok(mut s) = conn else { continue };
-                let (api, inflight) = (api.clone(), inflight2.clone());
-                if inflight.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-                    http::write_response(&mut s, &Response::error(503, "too many requests in flight; retry"));
-                    inflight.fetch_sub(1, Ordering::AcqRel);
-                    continue;
-                }
-                let spawned = std::thread::Builder::new().name("api-request".into()).spawn(move || {
-                    let known = |t: Option<&str>| api.tenants.iter().any(|x| Some(x.token.as_str()) == t);
-                    let resp = match http::read_request(&mut s, &known) {
-                        Ok(req) => api.handle(&req),
-                        Err(resp) => resp,
-                    };
-                    http::write_response(&mut s, &resp);
-                    inflight.fetch_sub(1, Ordering::AcqRel);
-                });
-                if spawned.is_err() {
-                    inflight2.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        })?;
-        Ok(ApiServer { addr: local, api: self.clone(), stop, inflight })
+        let listening = listener::listen(self.clone(), addr, self.door)?;
+        Ok(ApiServer { addr: listening.addr, api: self.clone(), _listening: listening })
     }
 
     /// The caller's job `id` — 404 also when it is another tenant's.
@@ -427,6 +387,17 @@ impl Api {
             })
             .map_err(|e| release(Response::error(500, format!("cannot start job: {e}"))))?;
         Ok(Response::ok(&serde_json::json!({ "id": id })))
+    }
+}
+
+impl Routes for Api {
+    fn caller(&self, token: Option<&str>) -> Option<Caller> {
+        let t = self.tenants.iter().find(|t| Some(t.token.as_str()) == token)?;
+        Some(Caller { tenant: t.name.clone(), max_requests: t.max_requests })
+    }
+
+    fn handle(&self, req: &http::Request) -> Response {
+        Api::handle(self, req)
     }
 }
 

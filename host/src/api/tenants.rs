@@ -12,6 +12,16 @@
 //! max_memory_mb = 2048          # sum of memory_mb x operator subtasks over running jobs
 //! max_parallelism = 8           # of any node
 //! max_subtasks = 64             # threads (sources, operators, sinks) over running jobs
+//! max_requests = 8              # API requests in flight at once (more: 429)
+//! ```
+//!
+//! The API's front door takes its bounds from the top level (defaults shown):
+//!
+//! ```toml
+//! header_timeout_ms = 10000       # the request head must arrive within this
+//! body_timeout_ms = 60000         # the body must arrive within this after the head
+//! max_connections = 1024          # open at once, in all
+//! max_connections_per_ip = 64     # open at once from one peer address
 //! ```
 //!
 //! Invariants: a tenant's jobs only read and write under `<data_dir>/<tenant>/` (every path
@@ -42,6 +52,9 @@ pub struct Tenant {
     /// Subtasks (threads: sources, operators, sinks) over its running jobs.
     #[serde(default = "default_max_subtasks")]
     pub max_subtasks: u32,
+    /// API requests in flight at once.
+    #[serde(default = "default_max_requests")]
+    pub max_requests: u32,
 }
 
 fn default_max_jobs() -> u32 {
@@ -56,6 +69,9 @@ fn default_max_parallelism() -> u32 {
 fn default_max_subtasks() -> u32 {
     64
 }
+fn default_max_requests() -> u32 {
+    8
+}
 
 impl Tenant {
     /// The one tenant of a single-job API (`weir run`): no quotas to speak of.
@@ -67,6 +83,7 @@ impl Tenant {
             max_memory_mb: u64::MAX,
             max_parallelism: u32::MAX,
             max_subtasks: u32::MAX,
+            max_requests: 64,
         }
     }
 }
@@ -83,6 +100,18 @@ pub struct ServerConfig {
     /// The tenants.
     #[serde(default)]
     pub tenant: Vec<Tenant>,
+    /// The request head must arrive within this, ms.
+    #[serde(default)]
+    pub header_timeout_ms: Option<u64>,
+    /// The body must arrive within this after the head, ms.
+    #[serde(default)]
+    pub body_timeout_ms: Option<u64>,
+    /// Connections open at once, in all.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Connections open at once from one peer address.
+    #[serde(default)]
+    pub max_connections_per_ip: Option<usize>,
 }
 
 fn default_listen() -> String {
@@ -90,6 +119,33 @@ fn default_listen() -> String {
 }
 
 impl ServerConfig {
+    /// A configuration with the default front-door bounds.
+    pub fn new(listen: String, data_dir: PathBuf, tenant: Vec<Tenant>) -> Self {
+        ServerConfig {
+            listen,
+            data_dir,
+            tenant,
+            header_timeout_ms: None,
+            body_timeout_ms: None,
+            max_connections: None,
+            max_connections_per_ip: None,
+        }
+    }
+
+    /// The API front door's bounds: the defaults, overridden by what the file sets.
+    pub fn front_door(&self) -> crate::api::listener::FrontDoor {
+        let mut d = crate::api::listener::FrontDoor::default();
+        if let Some(ms) = self.header_timeout_ms {
+            d.header_timeout = std::time::Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.body_timeout_ms {
+            d.body_deadline = std::time::Duration::from_millis(ms);
+        }
+        d.max_connections = self.max_connections.unwrap_or(d.max_connections);
+        d.max_connections_per_ip = self.max_connections_per_ip.unwrap_or(d.max_connections_per_ip);
+        d
+    }
+
     /// Parses and checks `server.toml` (relative `data_dir` against the file's directory).
     pub fn load(path: &Path) -> Result<ServerConfig, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -142,27 +198,17 @@ mod tests {
 
     #[test]
     fn config_checks_names_and_tokens() {
-        let c = |name: &str, token: &str| ServerConfig {
-            listen: default_listen(),
-            data_dir: "/d".into(),
-            tenant: vec![
-                Tenant {
-                    name: "a".into(),
-                    token: "0123456789abcdef".into(),
-                    max_jobs: 1,
-                    max_memory_mb: 1,
-                    max_parallelism: 1,
-                    max_subtasks: 1,
-                },
-                Tenant {
-                    name: name.into(),
-                    token: token.into(),
-                    max_jobs: 1,
-                    max_memory_mb: 1,
-                    max_parallelism: 1,
-                    max_subtasks: 1,
-                },
-            ],
+        let t = |name: &str, token: &str| Tenant {
+            name: name.into(),
+            token: token.into(),
+            max_jobs: 1,
+            max_memory_mb: 1,
+            max_parallelism: 1,
+            max_subtasks: 1,
+            max_requests: 1,
+        };
+        let c = |name: &str, token: &str| {
+            ServerConfig::new(default_listen(), "/d".into(), vec![t("a", "0123456789abcdef"), t(name, token)])
         };
         assert!(c("b", "fedcba9876543210").check().is_ok());
         assert!(c("a", "fedcba9876543210").check().unwrap_err().contains("share a name or a token"));

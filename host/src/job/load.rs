@@ -20,6 +20,12 @@ use crate::job::spec::{InputSpec, JobSpec};
 use crate::runtime::restart::RestartStrategy;
 use crate::sandbox::limits::{CEILING, Limits};
 
+/// Host ceiling of `[job] batch_size` (records per batch): a batch is buffered per edge and
+/// channel slot, so the two ceilings bound what a job's channels can hold.
+pub const MAX_BATCH_SIZE: u32 = 16_384;
+/// Host ceiling of `[job] channel_capacity` (batches queued per channel).
+pub const MAX_CHANNEL_CAPACITY: u32 = 256;
+
 /// Largest supported `max_parallelism` (key groups).
 pub const MAX_KEY_GROUPS: u32 = 32_768;
 
@@ -123,15 +129,24 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
     }
     let default_p = parallelism(cx, &spec.job.parallelism, 1, max_p, "[job]")?;
     let batch_size = match &spec.job.batch_size {
-        Some(b) if *b.get_ref() == 0 => {
-            return cx.err(b.span(), "[job] batch_size must be at least 1");
+        Some(b) if *b.get_ref() == 0 || *b.get_ref() > MAX_BATCH_SIZE => {
+            return cx.err(
+                b.span(),
+                format!("[job] batch_size must be in 1..={MAX_BATCH_SIZE} (this host's ceiling), got {}", b.get_ref()),
+            );
         }
         Some(b) => *b.get_ref(),
         None => 1024,
     };
     let channel_capacity = match &spec.job.channel_capacity {
-        Some(c) if *c.get_ref() == 0 => {
-            return cx.err(c.span(), "[job] channel_capacity must be at least 1");
+        Some(c) if *c.get_ref() == 0 || *c.get_ref() > MAX_CHANNEL_CAPACITY => {
+            return cx.err(
+                c.span(),
+                format!(
+                    "[job] channel_capacity must be in 1..={MAX_CHANNEL_CAPACITY} batches (this host's ceiling), got {}",
+                    c.get_ref()
+                ),
+            );
         }
         Some(c) => *c.get_ref() as usize,
         None => 8,
