@@ -3,7 +3,12 @@
 //! A state file is `WEIRST01` + u32 CRC-32 of the body + u64 body length + the body
 //! (bincode). Invariant: a file whose length or checksum does not match is rejected, never
 //! half-read.
+//!
+//! A checksum detects damage, not forgery: a tenant can upload a savepoint whose CRCs match and
+//! whose lengths lie. Decoding therefore never allocates what a length field claims before
+//! checking it against the bytes that remain ([`bounded`]), and fails with an error instead.
 
+use bincode::Options as _;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -267,7 +272,7 @@ impl SubtaskState {
         }
         let bad = |e: String| StateFileError::Decode(e);
         if &bytes[..8] == MAGIC {
-            return bincode::deserialize(body).map_err(|e| bad(e.to_string()));
+            return bounded(body.len() as u64).deserialize(body).map_err(|e| bad(e.to_string()));
         }
         let mut c = std::io::Cursor::new(body);
         let mut groups = Vec::new();
@@ -275,9 +280,14 @@ impl SubtaskState {
             let mut tag = [0u8; 1];
             std::io::Read::read_exact(&mut c, &mut tag).map_err(|_| bad("no final frame".into()))?;
             match tag[0] {
-                FRAME_GROUP => groups.push(bincode::deserialize_from(&mut c).map_err(|e| bad(e.to_string()))?),
+                FRAME_GROUP => {
+                    let left = len - c.position();
+                    groups.push(bounded(left).deserialize_from(&mut c).map_err(|e| bad(e.to_string()))?)
+                }
                 FRAME_REST => {
-                    let mut rest: SubtaskState = bincode::deserialize_from(&mut c).map_err(|e| bad(e.to_string()))?;
+                    let left = len - c.position();
+                    let mut rest: SubtaskState =
+                        bounded(left).deserialize_from(&mut c).map_err(|e| bad(e.to_string()))?;
                     if c.position() != len {
                         return Err(bad(format!("{} bytes after the final frame", len - c.position())));
                     }
@@ -295,9 +305,63 @@ impl SubtaskState {
     }
 }
 
+/// bincode as `bincode::deserialize` reads it (fixed-width integers, trailing bytes allowed),
+/// refusing any length prefix that claims more than `left` bytes before allocating for it.
+fn bounded(left: u64) -> impl bincode::Options {
+    bincode::DefaultOptions::new().with_fixint_encoding().allow_trailing_bytes().with_limit(left)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A state file of format 2 around `body`, with a valid length and CRC.
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut f = MAGIC2.to_vec();
+        f.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        f.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        f.extend_from_slice(body);
+        f
+    }
+
+    #[test]
+    fn a_forged_length_is_an_error_not_an_allocation() {
+        // A key group whose data claims 1 TiB, with a checksum that matches: decoding used to
+        // abort the process allocating it.
+        let mut body = vec![FRAME_GROUP];
+        body.extend_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        body.extend_from_slice(b"only a few bytes");
+        let e = SubtaskState::decode(&framed(&body)).unwrap_err();
+        assert!(matches!(e, StateFileError::Decode(_)), "{e}");
+        let mut v1 = MAGIC.to_vec();
+        let rest = [&[0u8; 8][..], &(1u64 << 40).to_le_bytes()].concat();
+        v1.extend_from_slice(&crc32fast::hash(&rest).to_le_bytes());
+        v1.extend_from_slice(&(rest.len() as u64).to_le_bytes());
+        v1.extend_from_slice(&rest);
+        assert!(SubtaskState::decode(&v1).is_err());
+    }
+
+    proptest! {
+        /// Fuzz: arbitrary frames with a valid header and checksum decode or fail, never
+        /// panic, and never allocate what their lengths claim (a 1 TiB claim would abort).
+        #[test]
+        fn arbitrary_checksummed_bodies_never_panic(
+            frames in proptest::collection::vec((0u8..4, any::<Vec<u8>>(), any::<u64>()), 0..6)
+        ) {
+            let mut body = Vec::new();
+            for (tag, bytes, claim) in &frames {
+                body.push(*tag);
+                body.extend_from_slice(&claim.to_le_bytes()[..(*claim % 9) as usize]);
+                body.extend_from_slice(bytes);
+            }
+            let _ = SubtaskState::decode(&framed(&body));
+            let mut v1 = framed(&body);
+            v1[..8].copy_from_slice(MAGIC);
+            let _ = SubtaskState::decode(&v1);
+        }
+    }
 
     fn sample() -> SubtaskState {
         SubtaskState {
