@@ -5,6 +5,7 @@
 
 use crate::record;
 use crate::sandbox::bindings::{collector, context, logging, timers, types};
+use crate::sandbox::guest_text::{LogBudget, tame};
 use crate::sandbox::limits::Limits;
 use crate::sandbox::timers::TimerQueue;
 use wasmtime::StoreLimits;
@@ -38,6 +39,10 @@ pub struct HostState {
     pub last_error: Option<String>,
     /// Print guest log lines to stderr.
     pub echo_logs: bool,
+    /// Lines this instance may still print (rate limit).
+    pub log_budget: LogBudget,
+    /// Origin of the log budget's clock.
+    pub log_epoch: std::time::Instant,
     /// The instance's limits.
     pub limits: Limits,
     /// Memory, table and instance caps (the store's limiter).
@@ -60,6 +65,8 @@ impl HostState {
             processing_timers: TimerQueue::default(),
             last_error: None,
             echo_logs: true,
+            log_budget: LogBudget::default(),
+            log_epoch: std::time::Instant::now(),
             limits: Limits::default(),
             store_limits: Limits::default().store_limits(),
         }
@@ -156,16 +163,8 @@ impl timers::Host for HostState {
 
 impl logging::Host for HostState {
     fn log(&mut self, level: logging::Level, message: String) -> wasmtime::Result<()> {
-        const MAX: usize = 4096;
-        let message = if message.len() > MAX {
-            let mut end = MAX;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}... ({} bytes)", &message[..end], message.len())
-        } else {
-            message
-        };
+        // Escaped: a newline in a guest's message must not forge another job's line.
+        let message = tame(&message);
         let lvl = match level {
             logging::Level::Trace => "trace",
             logging::Level::Debug => "debug",
@@ -174,7 +173,16 @@ impl logging::Host for HostState {
             logging::Level::Error => "error",
         };
         if self.echo_logs {
-            eprintln!("[{}] {lvl}: {message}", self.label);
+            let now_ms = self.log_epoch.elapsed().as_millis() as u64;
+            if let Some(suppressed) = self.log_budget.admit(now_ms) {
+                if suppressed > 0 {
+                    eprintln!(
+                        "[{}] warn: {suppressed} log line(s) of this instance suppressed (rate limit)",
+                        self.label
+                    );
+                }
+                eprintln!("[{}] {lvl}: {message}", self.label);
+            }
         }
         if matches!(level, logging::Level::Error) {
             self.last_error = Some(message);

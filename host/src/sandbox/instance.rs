@@ -14,6 +14,7 @@ use wasmtime::{Engine, Store};
 use crate::graph::logical::Side;
 use crate::record::Batch;
 use crate::sandbox::bindings::{one, two, types};
+use crate::sandbox::guest_text::tame;
 use crate::sandbox::host::HostState;
 use crate::sandbox::limits::Limits;
 
@@ -371,24 +372,6 @@ pub struct OperatorInstance {
     inst: Inst,
 }
 
-/// A guest-supplied message made safe to show: at most 4 KiB, control characters escaped
-/// (a newline must not forge a log line).
-fn tame(message: String) -> String {
-    let mut out = String::with_capacity(message.len().min(4200));
-    for c in message.chars().take(4096) {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    if out.len() > 4096 {
-        out.truncate(out.floor_char_boundary(4096));
-        out.push_str("...");
-    }
-    out
-}
-
 /// Turns a failed call into a [`GuestError`], naming the limit when one was breached.
 fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>, limits: &Limits) -> GuestError {
     let full = format!("{e:#}");
@@ -419,7 +402,11 @@ fn trap(call: &'static str, e: wasmtime::Error, detail: Option<String>, limits: 
         // A host import refused the call: its message, not the wasm backtrace around it.
         None => e.root_cause().to_string(),
     };
-    GuestError::Trap { call, message: message.lines().next().unwrap_or("").to_string(), detail: detail.map(tame) }
+    GuestError::Trap {
+        call,
+        message: message.lines().next().unwrap_or("").to_string(),
+        detail: detail.as_deref().map(tame),
+    }
 }
 
 macro_rules! call {
@@ -446,7 +433,7 @@ impl OperatorInstance {
     }
 
     fn result(call: &'static str, r: Result<(), String>) -> Result<(), GuestError> {
-        r.map_err(|message| GuestError::Failed { call, message: tame(message) })
+        r.map_err(|message| GuestError::Failed { call, message: tame(&message) })
     }
 
     /// The host state (watermark, timers, emitted records).
@@ -499,7 +486,7 @@ impl OperatorInstance {
         mode: types::SnapshotMode,
     ) -> Result<types::OperatorSnapshot, GuestError> {
         let r = call!(self, "snapshot", call_snapshot, checkpoint, mode)?;
-        let snap = r.map_err(|message| GuestError::Failed { call: "snapshot", message: tame(message) })?;
+        let snap = r.map_err(|message| GuestError::Failed { call: "snapshot", message: tame(&message) })?;
         let bytes = snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + snap.operator_state.len() as u64;
         let limits = self.store.data().limits;
         let max_value = (limits.max_state_value_mb << 20) as usize;

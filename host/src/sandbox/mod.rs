@@ -2,6 +2,7 @@
 
 pub mod bindings;
 pub mod engine;
+pub mod guest_text;
 pub mod host;
 pub mod instance;
 pub mod limits;
