@@ -13,8 +13,8 @@ use weir::runtime::executor::{self, RunOptions};
 
 use crate::support::{committed_lines, component, scratch, toml_path};
 
-const LIMITS: &str =
-    "[limits]\nmemory_mb = 32\ncall_timeout_ms = 200\nmax_emit_mb = 4\nmax_snapshot_mb = 1\nmax_state_value_mb = 2\n";
+const LIMITS: &str = "[limits]\nmemory_mb = 32\ncall_timeout_ms = 200\nmax_emit_mb = 4\nmax_snapshot_mb = 1\n\
+                      max_state_value_mb = 2\nmax_timer_mb = 2\n";
 
 fn hostile_job(mode: &str) -> String {
     format!(
@@ -77,6 +77,8 @@ fn sandbox_hostile_guests_get_their_documented_error_while_a_good_job_completes(
         ("poison-restore", "guest trapped in `restore`"),
         ("bad-timer", "timer for key group 9999, outside this subtask's key groups"),
         ("bad-emit", "malformed emit-batch"),
+        ("timer-hoard", "exceeded its timer limit"),
+        ("timer-loop", "timers kept coming due"),
     ];
     for (mode, expected) in cases {
         let e = fails(&engine, mode);
@@ -93,6 +95,22 @@ fn sandbox_hostile_guests_get_their_documented_error_while_a_good_job_completes(
     let mut expected: Vec<String> = (0..40000u64).map(|i| format!("{} {}", i % 16, i / 16)).collect();
     expected.sort();
     assert!(committed_lines(&good_dir.path().join("out")) == expected, "the good job's output is exact");
+}
+
+#[test]
+fn sandbox_a_component_is_compiled_once_per_engine_and_digest() {
+    use weir::sandbox::compile_cache::is_cached;
+    use weir::sandbox::instance::{LoadedComponent, sha256_hex};
+    let engine = weir::sandbox::engine::new_engine().unwrap();
+    let path = component("test_hostile");
+    let sha = sha256_hex(&std::fs::read(&path).unwrap());
+    assert!(!is_cached(&engine, &sha), "a new engine has nothing cached");
+    let a = LoadedComponent::load(&engine, "a", &path).unwrap();
+    assert!(is_cached(&engine, &sha), "compiled once, then cached by digest");
+    let b = LoadedComponent::load(&engine, "b", &path).unwrap();
+    assert_eq!((a.sha256.as_str(), a.info.name.as_str()), (b.sha256.as_str(), b.info.name.as_str()));
+    let other = weir::sandbox::engine::new_engine().unwrap();
+    assert!(!is_cached(&other, &sha), "another engine's compiled code is never handed out");
 }
 
 #[test]
@@ -169,6 +187,7 @@ mod server {
             max_parallelism: 4,
             max_subtasks: 12,
             max_requests: 8,
+            max_disk_mb: 1024,
         };
         let cfg = ServerConfig::new(
             "127.0.0.1:0".into(),
@@ -324,6 +343,7 @@ mod front_door {
             max_parallelism: 1,
             max_subtasks: 4,
             max_requests: 2,
+            max_disk_mb: 1,
         };
         let mut cfg =
             ServerConfig::new("127.0.0.1:0".into(), d.join("data"), vec![tenant("good", GOOD), tenant("evil", EVIL)]);
@@ -460,6 +480,22 @@ mod front_door {
         }
         good_lists(&addr.to_string());
         drop(held);
+    }
+
+    #[test]
+    fn sandbox_uploads_beyond_a_tenants_disk_quota_are_refused_naming_it() {
+        let d = scratch();
+        let srv = server(d.path(), |_| {});
+        let addr = srv.addr.to_string();
+        let half = vec![b'x'; 600 << 10];
+        let (s, v) = send(&addr, "POST", "/v1/files?name=a", EVIL, &half, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{v}");
+        let (s, v) = send(&addr, "POST", "/v1/files?name=b", EVIL, &half, Duration::from_secs(60)).unwrap();
+        assert!(s == 507 && v.contains("max_disk_mb") && v.contains("`evil`"), "{s} {v}");
+        assert!(!d.path().join("data/evil/files/b").exists(), "nothing of the refused upload is left");
+        // The quota is per tenant: the other one still uploads.
+        let (s, v) = send(&addr, "POST", "/v1/files?name=a", GOOD, &half, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{v}");
     }
 }
 

@@ -76,8 +76,10 @@ pub struct Api {
     /// Server mode: `<data_dir>`, under which each tenant has its directory.
     data_dir: Option<PathBuf>,
     next_id: AtomicU64,
-    /// Held while compiling an uploaded or submitted component.
-    compiling: Mutex<()>,
+    /// Per tenant, held while compiling its uploaded or submitted components: a tenant
+    /// compiles one component at a time, in one of the process's compile slots
+    /// (`sandbox::compile_cache`), so it never holds up another tenant's compiles.
+    compiling: Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
     /// The front door's bounds.
     door: FrontDoor,
 }
@@ -109,7 +111,7 @@ impl Api {
             jobs: Mutex::new(BTreeMap::new()),
             data_dir: None,
             next_id: AtomicU64::new(1),
-            compiling: Mutex::new(()),
+            compiling: Mutex::default(),
             door: FrontDoor::default(),
         })
     }
@@ -126,7 +128,7 @@ impl Api {
             jobs: Mutex::new(BTreeMap::new()),
             data_dir: Some(config.data_dir.clone()),
             next_id: AtomicU64::new(1),
-            compiling: Mutex::new(()),
+            compiling: Mutex::default(),
             door: config.front_door(),
         }))
     }
@@ -209,7 +211,8 @@ impl Api {
             ("POST", ["v1", "jobs", id, "operators", uid, "upgrade"]) => self.job(tenant, id).and_then(|j| {
                 let name = req.param("name").map(http::decode).unwrap_or_else(|| "uploaded component".into());
                 let lc = {
-                    let _compiling = self.compiling.lock().unwrap();
+                    let lock = self.compile_lock(tenant);
+                    let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
                     LoadedComponent::from_bytes(&self.engine, uid, Path::new(&name), &req.body)
                         .map_err(|e| Response::error(400, e.to_string()))?
                 };
@@ -225,6 +228,31 @@ impl Api {
             _ => Err(Response::error(404, format!("no route {} {} (the API lives under /v1)", req.method, req.path))),
         };
         r.unwrap_or_else(|e| e)
+    }
+
+    /// Refuses `adding` bytes that would take the tenant's directory (uploads, outputs,
+    /// checkpoints, savepoints) past its `max_disk_mb`.
+    fn check_disk(&self, tenant: &Tenant, adding: u64) -> Result<(), Response> {
+        let used = disk_usage(&self.hosting_dir(tenant)?);
+        let quota = tenant.max_disk_mb.saturating_mul(1 << 20);
+        if used.saturating_add(adding) > quota {
+            return Err(Response::error(
+                507,
+                format!(
+                    "tenant `{}` uses {} MiB of its {} MiB on disk (max_disk_mb), and this adds {} MiB; delete \
+                     outputs, checkpoints or uploads first",
+                    tenant.name,
+                    used >> 20,
+                    tenant.max_disk_mb,
+                    adding.div_ceil(1 << 20)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn compile_lock(&self, tenant: &Tenant) -> Arc<Mutex<()>> {
+        self.compiling.lock().unwrap_or_else(|p| p.into_inner()).entry(tenant.name.clone()).or_default().clone()
     }
 
     fn hosting_dir(&self, tenant: &Tenant) -> Result<PathBuf, Response> {
@@ -251,8 +279,10 @@ impl Api {
         let dir = self.hosting_dir(tenant)?.join("components");
         let sha = sha256_hex(bytes);
         // Checked now (imports, world, describe), so a bad component is refused at upload.
+        self.check_disk(tenant, bytes.len() as u64)?;
         let lc = {
-            let _compiling = self.compiling.lock().unwrap();
+            let lock = self.compile_lock(tenant);
+            let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
             LoadedComponent::from_bytes(&self.engine, "uploaded", Path::new("uploaded component"), bytes)
                 .map_err(|e| Response::error(400, e.to_string()))?
         };
@@ -266,6 +296,7 @@ impl Api {
     fn upload_file(&self, tenant: &Tenant, req: &http::Request) -> Answer {
         let name = req.param("name").map(http::decode).ok_or_else(|| Response::error(400, "missing ?name="))?;
         let p = self.tenant_path(tenant, Path::new(&name))?;
+        self.check_disk(tenant, req.body.len() as u64)?;
         if let Some(parent) = p.parent() {
             std::fs::create_dir_all(parent).map_err(|e| Response::error(500, e.to_string()))?;
         }
@@ -287,6 +318,7 @@ impl Api {
             Some(r) => Some(RestoreFrom::Path(self.tenant_path(tenant, Path::new(&r))?)),
         };
         let allow_non_restored_state = req.param("allow_non_restored_state") == Some("true");
+        self.check_disk(tenant, req.body.len() as u64)?;
         let text = std::str::from_utf8(&req.body).map_err(|_| Response::error(400, "the job file is not UTF-8"))?;
         // Paths are checked as written, before anything looks at the filesystem.
         let text = preprocess(text, &root.join("components")).map_err(|e| Response::error(400, e))?;
@@ -370,8 +402,10 @@ impl Api {
             r
         };
         let bound = {
-            // One compile at a time: a tenant cannot make the server compile without bound.
-            let _compiling = self.compiling.lock().unwrap();
+            // One compile at a time per tenant (cached by digest: an uploaded component is
+            // not compiled again here).
+            let lock = self.compile_lock(tenant);
+            let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
             crate::job::bind::bind(&self.engine, graph.clone()).map_err(|e| release(scrub(400, e.to_string())))?
         };
         let opts = RunOptions { quiet_guests: true, restore, allow_non_restored_state, ..Default::default() };
@@ -399,6 +433,23 @@ impl Routes for Api {
     fn handle(&self, req: &http::Request) -> Response {
         Api::handle(self, req)
     }
+}
+
+/// Bytes of the files under `dir` (symbolic links are not followed, and count as nothing).
+fn disk_usage(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => total += e.metadata().map_or(0, |m| m.len()),
+                _ => {}
+            }
+        }
+    }
+    total
 }
 
 /// Server mode: every path a job uses must lie in its tenant's directory, components must be

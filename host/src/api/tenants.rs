@@ -13,6 +13,7 @@
 //! max_parallelism = 8           # of any node
 //! max_subtasks = 64             # threads (sources, operators, sinks) over running jobs
 //! max_requests = 8              # API requests in flight at once (more: 429)
+//! max_disk_mb = 4096            # its directory: uploads, outputs, checkpoints (more: 507)
 //! ```
 //!
 //! The API's front door takes its bounds from the top level (defaults shown):
@@ -55,6 +56,10 @@ pub struct Tenant {
     /// API requests in flight at once.
     #[serde(default = "default_max_requests")]
     pub max_requests: u32,
+    /// Bytes its directory may hold (uploads, job outputs, checkpoints, savepoints), MiB;
+    /// uploads and submissions beyond it are refused.
+    #[serde(default = "default_max_disk_mb")]
+    pub max_disk_mb: u64,
 }
 
 fn default_max_jobs() -> u32 {
@@ -72,6 +77,9 @@ fn default_max_subtasks() -> u32 {
 fn default_max_requests() -> u32 {
     8
 }
+fn default_max_disk_mb() -> u64 {
+    4096
+}
 
 impl Tenant {
     /// The one tenant of a single-job API (`weir run`): no quotas to speak of.
@@ -84,6 +92,7 @@ impl Tenant {
             max_parallelism: u32::MAX,
             max_subtasks: u32::MAX,
             max_requests: 64,
+            max_disk_mb: u64::MAX,
         }
     }
 }
@@ -206,6 +215,7 @@ mod tests {
             max_parallelism: 1,
             max_subtasks: 1,
             max_requests: 1,
+            max_disk_mb: 1,
         };
         let c = |name: &str, token: &str| {
             ServerConfig::new(default_listen(), "/d".into(), vec![t("a", "0123456789abcdef"), t(name, token)])

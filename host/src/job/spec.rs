@@ -51,6 +51,9 @@ pub struct LimitsSpec {
     /// Bytes of one state value, MiB.
     #[serde(default)]
     pub max_state_value_mb: Option<u64>,
+    /// Bytes of timers one instance may hold (keys plus bookkeeping), MiB.
+    #[serde(default)]
+    pub max_timer_mb: Option<u64>,
 }
 
 /// `[job]`

@@ -246,11 +246,25 @@ impl OperatorTask {
 
     /// Fires due timers of `domain` at `now`, repeatedly (a timer may register another due one).
     /// A guest that keeps re-registering due timers never ends this loop by itself: each
-    /// round checks cancellation, so the job can still be cancelled.
+    /// round checks cancellation, and the rounds together get the CPU time of one call
+    /// (`call_timeout_ms`), like every other guest call, however short each round is.
     fn fire_timers(&mut self, domain: TimeDomain, now: i64) -> Result<(), TaskFailure> {
+        let started = Instant::now();
+        let budget = Duration::from_millis(self.instance.host().limits.call_timeout_ms);
         loop {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskFailure::Cancelled { task: self.id.clone() });
+            }
+            if started.elapsed() > budget {
+                return Err(self.guest(GuestError::Trap {
+                    call: "on-timer",
+                    message: format!(
+                        "exceeded its CPU time limit: timers kept coming due at {now} for longer than \
+                         call_timeout_ms = {} ms (a timer that registers an already-due timer loops)",
+                        budget.as_millis()
+                    ),
+                    detail: None,
+                }));
             }
             let host = self.instance.host();
             let due = match domain {

@@ -144,6 +144,16 @@ impl timers::Host for HostState {
         if self.event_timers.len() + self.processing_timers.len() >= MAX_TIMERS {
             wasmtime::bail!("{}: more than {MAX_TIMERS} timers registered; delete fired or stale ones", self.label);
         }
+        let held = self.event_timers.bytes() + self.processing_timers.bytes();
+        let max = (self.limits.max_timer_mb << 20) as usize;
+        if held + key.len() + crate::sandbox::timers::TIMER_OVERHEAD > max {
+            wasmtime::bail!(
+                "{}: exceeded its timer limit: {held} bytes of timers held, and max_timer_mb = {} MiB; delete fired \
+                 or stale timers, or raise [limits] max_timer_mb",
+                self.label,
+                self.limits.max_timer_mb
+            );
+        }
         match domain {
             types::TimeDomain::EventTime => self.event_timers.register(time, key_group, &key),
             types::TimeDomain::ProcessingTime => self.processing_timers.register(time, key_group, &key),

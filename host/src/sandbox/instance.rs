@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::Linker;
 use wasmtime::{Engine, Store};
 
 use crate::graph::logical::Side;
@@ -241,7 +241,9 @@ impl LoadedComponent {
     pub fn from_bytes(engine: &Engine, uid: &str, path: &Path, bytes: &[u8]) -> Result<Self, LoadError> {
         let not = |reason: String| LoadError::NotAComponent { uid: uid.into(), path: path.into(), reason };
         classify(bytes).map_err(not)?;
-        let component = Component::new(engine, bytes).map_err(|e| not(format!("{e:#}")))?;
+        let sha256 = sha256_hex(bytes);
+        let component =
+            crate::sandbox::compile_cache::compile(engine, &sha256, bytes).map_err(|e| not(format!("{e:#}")))?;
         let granted = [
             "weir:operator/types@0.3.0",
             "weir:operator/context@0.3.0",
@@ -306,7 +308,7 @@ impl LoadedComponent {
             },
             path: path.into(),
             bytes: std::sync::Arc::new(bytes.to_vec()),
-            sha256: sha256_hex(bytes),
+            sha256,
         };
         let task = types::TaskInfo {
             job_name: String::new(),

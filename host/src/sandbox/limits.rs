@@ -5,8 +5,8 @@
 //! thread advances the engine's epoch every [`TICK`], and each call may run for
 //! `call_timeout_ms` worth of ticks); linear memory, tables and instances are capped by a
 //! `StoreLimits`, and growing past the cap traps (rather than making `memory.grow` fail
-//! quietly); output per call, snapshot size and the size of every state value are checked by
-//! the host. A breach traps the
+//! quietly); output per call, snapshot size, the size of every state value and the bytes of
+//! timers (held in host memory) are checked by the host. A breach traps the
 //! instance with an error that names the limit and its value; the instance is then dropped.
 
 use std::time::Duration;
@@ -29,6 +29,9 @@ pub struct Limits {
     pub max_snapshot_mb: u64,
     /// Bytes of one state value (one key's value, list or map; one operator-state entry), MiB.
     pub max_state_value_mb: u64,
+    /// Bytes of timers one instance may hold in host memory (keys plus
+    /// [`crate::sandbox::timers::TIMER_OVERHEAD`] each, both domains), MiB.
+    pub max_timer_mb: u64,
 }
 
 /// The host-wide ceilings a job's limits must stay under.
@@ -38,6 +41,7 @@ pub const CEILING: Limits = Limits {
     max_emit_mb: 1024,
     max_snapshot_mb: 8192,
     max_state_value_mb: 1024,
+    max_timer_mb: 1024,
 };
 
 impl Default for Limits {
@@ -48,6 +52,7 @@ impl Default for Limits {
             max_emit_mb: 256,
             max_snapshot_mb: 2048,
             max_state_value_mb: 64,
+            max_timer_mb: 64,
         }
     }
 }
@@ -61,6 +66,7 @@ impl Limits {
             ("max_emit_mb", self.max_emit_mb, ceiling.max_emit_mb),
             ("max_snapshot_mb", self.max_snapshot_mb, ceiling.max_snapshot_mb),
             ("max_state_value_mb", self.max_state_value_mb, ceiling.max_state_value_mb),
+            ("max_timer_mb", self.max_timer_mb, ceiling.max_timer_mb),
         ]
         .into_iter()
         .find(|(_, v, c)| v > c)

@@ -1,6 +1,7 @@
 //! The WebAssembly sandbox: engine, WIT bindings, host imports, operator instances.
 
 pub mod bindings;
+pub mod compile_cache;
 pub mod engine;
 pub mod guest_text;
 pub mod host;

@@ -8,21 +8,34 @@ use std::collections::BTreeSet;
 
 use crate::record::Batch;
 
+/// Host bytes charged per timer besides its key (the entry and its share of the tree).
+pub const TIMER_OVERHEAD: usize = 64;
+
 /// Timers of one domain, ordered by time.
 #[derive(Default, Debug)]
 pub struct TimerQueue {
     timers: BTreeSet<(i64, u32, Vec<u8>)>,
+    bytes: usize,
 }
 
 impl TimerQueue {
     /// Registers a timer.
     pub fn register(&mut self, time: i64, key_group: u32, key: &[u8]) {
-        self.timers.insert((time, key_group, key.to_vec()));
+        if self.timers.insert((time, key_group, key.to_vec())) {
+            self.bytes += key.len() + TIMER_OVERHEAD;
+        }
     }
 
     /// Deletes a timer, if present.
     pub fn delete(&mut self, time: i64, key_group: u32, key: &[u8]) {
-        self.timers.remove(&(time, key_group, key.to_vec()));
+        if self.timers.remove(&(time, key_group, key.to_vec())) {
+            self.bytes -= key.len() + TIMER_OVERHEAD;
+        }
+    }
+
+    /// Host bytes the timers are charged (keys plus [`TIMER_OVERHEAD`] each).
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Removes and returns, as a batch, every timer with `time <= now`.
@@ -33,6 +46,7 @@ impl TimerQueue {
                 break;
             }
             let (t, kg, key) = self.timers.pop_first().unwrap();
+            self.bytes -= key.len() + TIMER_OVERHEAD;
             out.push(kg, t, &key, &[]);
         }
         out
@@ -75,9 +89,11 @@ mod tests {
         q.register(10, 2, b"a");
         q.register(50, 1, b"c");
         q.delete(50, 1, b"c");
+        assert_eq!(q.bytes(), 2 * TIMER_OVERHEAD + 2, "a duplicate or deleted timer is not charged");
         let due = q.pop_due(30);
         let got: Vec<_> = due.iter().map(|r| (r.timestamp, r.tag, r.key.to_vec())).collect();
         assert_eq!(got, vec![(10, 2, b"a".to_vec()), (30, 1, b"b".to_vec())]);
         assert!(q.pop_due(i64::MAX).is_empty());
+        assert_eq!(q.bytes(), 0);
     }
 }

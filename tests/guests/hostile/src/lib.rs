@@ -88,6 +88,13 @@ impl Operator for Hostile {
         })
     }
 
+    fn on_timer(&mut self, ctx: &mut Context<'_>, _: weir_guest::TimeDomain) -> Result<()> {
+        if self.mode == "timer-loop" {
+            ctx.register_event_timer(i64::MIN + 1);
+        }
+        Ok(())
+    }
+
     fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
         match self.mode.as_str() {
             "spin" => loop {
@@ -126,6 +133,20 @@ impl Operator for Hostile {
                 1,
             ),
             "bad-emit" => weir_guest::__private::bindings::collector::emit_batch(&[0xff; 13]),
+            // Timers live in host memory: 64 timers of 60 KiB keys per record.
+            "timer-hoard" => {
+                let key = vec![7u8; 60 << 10];
+                for i in 0..64 {
+                    weir_guest::__private::bindings::timers::register(
+                        weir_guest::__private::bindings::types::TimeDomain::EventTime,
+                        ctx.key_group(),
+                        &key,
+                        i64::MAX - 1 - (rec.timestamp * 64 + i),
+                    );
+                }
+            }
+            // A timer that is due at once and re-registers itself when it fires (below).
+            "timer-loop" => ctx.register_event_timer(i64::MIN + 1),
             "huge-log" => weir_guest::__private::bindings::logging::log(
                 weir_guest::__private::bindings::logging::Level::Info,
                 &"x".repeat(10 << 20),
