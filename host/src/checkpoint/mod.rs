@@ -7,6 +7,7 @@ pub mod compat;
 pub mod control;
 pub mod coordinator;
 pub mod driver;
+pub mod evidence;
 pub mod incremental;
 pub mod layout;
 pub mod metadata;

@@ -619,6 +619,7 @@ fn run_attempt(
                             termination,
                             deferred: Default::default(),
                             draining: None,
+                            ledger: crate::checkpoint::evidence::GroupLedger::new(range.start, range.end),
                             upgrade: None,
                         })
                     }))

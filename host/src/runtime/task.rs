@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
 use crate::checkpoint::control::{Control, Event, Timing};
+use crate::checkpoint::evidence::GroupLedger;
 use crate::checkpoint::snapshot::LoggedBatch;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
 use crate::graph::logical::Side;
@@ -83,6 +84,8 @@ pub struct OperatorTask {
     /// A snapshot the operator is still handing out in chunks (copy-on-write): pulled
     /// between batches, completed before anything else is snapshotted.
     pub draining: Option<Draining>,
+    /// The key groups the snapshot being taken has handed out so far.
+    pub ledger: GroupLedger,
 }
 
 /// A loop head's checkpoint in progress: the state copied at alignment and the back-edge
@@ -326,7 +329,21 @@ impl OperatorTask {
         let mode = if full { SnapshotMode::Full } else { SnapshotMode::Incremental };
         let mut snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
         let more = strip_more(&mut snap);
+        let task = &self.instance.host().task;
+        self.ledger = GroupLedger::new(task.key_group_start, task.key_group_end);
+        self.admit_groups(&snap.keyed)?;
         Ok((capture(self.instance.as_mut(), snap), full, more))
+    }
+
+    /// Checks the key groups a snapshot call handed out against the ledger of this snapshot.
+    fn admit_groups(&mut self, groups: &[KeyGroupState]) -> Result<(), TaskFailure> {
+        self.ledger.admit(groups.iter().map(|k| k.key_group)).map_err(|v| {
+            self.guest(GuestError::Trap {
+                call: "snapshot",
+                message: format!("the snapshot is refused: it {v} (a bug in the operator's SDK)"),
+                detail: None,
+            })
+        })
     }
 
     /// One more chunk of the snapshot of `id` into `state`; returns whether more follow.
@@ -342,6 +359,7 @@ impl OperatorTask {
         let mode = if full { SnapshotMode::Full } else { SnapshotMode::Incremental };
         let mut snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
         let more = strip_more(&mut snap);
+        self.admit_groups(&snap.keyed)?;
         *calls += 1;
         *total += snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>();
         let bytes = *total;
