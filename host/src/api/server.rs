@@ -36,6 +36,7 @@ use crate::api::listener::{self, Caller, FrontDoor, Listening, Routes};
 use crate::api::tenants::{ServerConfig, Tenant, confined};
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::operator::OperatorFactory;
+use crate::runtime::cpu_shares::{CpuGroup, CpuShares};
 use crate::runtime::executor::{self, RestoreFrom, RunOptions};
 use crate::runtime::handle::JobHandle;
 use crate::sandbox::instance::{LoadedComponent, sha256_hex};
@@ -82,6 +83,10 @@ pub struct Api {
     compiling: Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
     /// The front door's bounds.
     door: FrontDoor,
+    /// Server mode: the tenants' CPU groups (kept alive for as long as the API).
+    cpu: CpuShares,
+    /// Each tenant's CPU group, where the host offers them.
+    cpu_groups: BTreeMap<String, Arc<CpuGroup>>,
 }
 
 /// A running API server; dropping it stops accepting, then lets requests in flight write
@@ -113,6 +118,8 @@ impl Api {
             next_id: AtomicU64::new(1),
             compiling: Mutex::default(),
             door: FrontDoor::default(),
+            cpu: CpuShares::off("one job per process"),
+            cpu_groups: BTreeMap::new(),
         })
     }
 
@@ -122,6 +129,18 @@ impl Api {
             std::fs::create_dir_all(config.data_dir.join(&t.name).join("components"))?;
             std::fs::create_dir_all(config.data_dir.join(&t.name).join("files"))?;
         }
+        let cpu = if config.cpu_cgroup.as_os_str().is_empty() {
+            CpuShares::off("cpu_cgroup = \"\" in the server configuration")
+        } else {
+            crate::runtime::cpu_shares::remove_stale(&config.cpu_cgroup);
+            CpuShares::new(&config.cpu_cgroup)
+        };
+        let mut cpu_groups = BTreeMap::new();
+        for t in &config.tenant {
+            if let Ok(g) = cpu.group(&t.name, t.cpu_weight) {
+                cpu_groups.insert(t.name.clone(), Arc::new(g));
+            }
+        }
         Ok(Arc::new(Api {
             tenants: config.tenant.clone(),
             engine,
@@ -130,7 +149,14 @@ impl Api {
             next_id: AtomicU64::new(1),
             compiling: Mutex::default(),
             door: config.front_door(),
+            cpu,
+            cpu_groups,
         }))
+    }
+
+    /// Why tenants do not get CPU shares, if they do not.
+    pub fn cpu_shares_unavailable(&self) -> Option<&str> {
+        self.cpu.unavailable()
     }
 
     /// Serves `job` under `id` (single-job mode: for the `local` tenant).
@@ -408,7 +434,13 @@ impl Api {
             let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
             crate::job::bind::bind(&self.engine, graph.clone()).map_err(|e| release(scrub(400, e.to_string())))?
         };
-        let opts = RunOptions { quiet_guests: true, restore, allow_non_restored_state, ..Default::default() };
+        let opts = RunOptions {
+            quiet_guests: true,
+            restore,
+            allow_non_restored_state,
+            cpu_group: self.cpu_groups.get(&tenant.name).cloned(),
+            ..Default::default()
+        };
         // Refused before it starts: a savepoint its components cannot take over, and so on.
         executor::preflight(&bound, &opts).map_err(|e| release(scrub(409, e.to_string())))?;
         std::thread::Builder::new()

@@ -14,6 +14,7 @@
 //! max_subtasks = 64             # threads (sources, operators, sinks) over running jobs
 //! max_requests = 8              # API requests in flight at once (more: 429)
 //! max_disk_mb = 4096            # its directory: uploads, outputs, checkpoints (more: 507)
+//! cpu_weight = 100              # its share of contended CPU, relative to other tenants'
 //! ```
 //!
 //! The API's front door takes its bounds from the top level (defaults shown):
@@ -60,6 +61,9 @@ pub struct Tenant {
     /// uploads and submissions beyond it are refused.
     #[serde(default = "default_max_disk_mb")]
     pub max_disk_mb: u64,
+    /// Its share of contended CPU relative to other tenants' (1..=10000, cgroup v2 style).
+    #[serde(default = "default_cpu_weight")]
+    pub cpu_weight: u32,
 }
 
 fn default_max_jobs() -> u32 {
@@ -80,6 +84,9 @@ fn default_max_requests() -> u32 {
 fn default_max_disk_mb() -> u64 {
     4096
 }
+fn default_cpu_weight() -> u32 {
+    crate::runtime::cpu_shares::DEFAULT_WEIGHT
+}
 
 impl Tenant {
     /// The one tenant of a single-job API (`weir run`): no quotas to speak of.
@@ -93,6 +100,7 @@ impl Tenant {
             max_subtasks: u32::MAX,
             max_requests: 64,
             max_disk_mb: u64::MAX,
+            cpu_weight: default_cpu_weight(),
         }
     }
 }
@@ -121,6 +129,14 @@ pub struct ServerConfig {
     /// Connections open at once from one peer address.
     #[serde(default)]
     pub max_connections_per_ip: Option<usize>,
+    /// Where the cgroup v1 `cpu` hierarchy is mounted (tenants' CPU shares); `""` turns
+    /// CPU shares off.
+    #[serde(default = "default_cpu_cgroup")]
+    pub cpu_cgroup: PathBuf,
+}
+
+fn default_cpu_cgroup() -> PathBuf {
+    "/sys/fs/cgroup/cpu".into()
 }
 
 fn default_listen() -> String {
@@ -138,6 +154,7 @@ impl ServerConfig {
             body_timeout_ms: None,
             max_connections: None,
             max_connections_per_ip: None,
+            cpu_cgroup: default_cpu_cgroup(),
         }
     }
 
@@ -174,6 +191,9 @@ impl ServerConfig {
         for (i, t) in self.tenant.iter().enumerate() {
             if t.name.is_empty() || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
                 return Err(format!("tenant name `{}` must be letters, digits, `-` or `_`", t.name));
+            }
+            if !(1..=10_000).contains(&t.cpu_weight) {
+                return Err(format!("tenant `{}`: cpu_weight must be in 1..=10000, got {}", t.name, t.cpu_weight));
             }
             if t.token.len() < 16 {
                 return Err(format!("tenant `{}`: the token must be at least 16 characters", t.name));
@@ -216,6 +236,7 @@ mod tests {
             max_subtasks: 1,
             max_requests: 1,
             max_disk_mb: 1,
+            cpu_weight: 100,
         };
         let c = |name: &str, token: &str| {
             ServerConfig::new(default_listen(), "/d".into(), vec![t("a", "0123456789abcdef"), t(name, token)])

@@ -283,6 +283,12 @@ fn real_main(cli: Cli) -> Result<()> {
                 server.addr,
                 cfg.data_dir.display()
             );
+            match api.cpu_shares_unavailable() {
+                None => eprintln!("tenants get CPU shares by their cpu_weight (cgroup `cpu` controller)"),
+                Some(why) => eprintln!(
+                    "warning: tenants do not get CPU shares ({why}); the OS schedules their threads one by one"
+                ),
+            }
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
@@ -517,6 +523,7 @@ fn run_job(
             allow_non_restored_state,
             faults: None,
             endpoint: Some(endpoint),
+            cpu_group: None,
         };
         let started_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);

@@ -77,6 +77,8 @@ pub struct RunOptions {
     /// The job's end of a [`JobHandle`](crate::runtime::handle::JobHandle): savepoints,
     /// stop, upgrades, cancel, status.
     pub endpoint: Option<Endpoint>,
+    /// The CPU group (its tenant's share) every subtask thread joins before it runs.
+    pub cpu_group: Option<Arc<crate::runtime::cpu_shares::CpuGroup>>,
 }
 
 /// Counters of one node at the end of a run.
@@ -709,9 +711,15 @@ fn run_attempt(
     let mut handles = Vec::new();
     for (id, task) in tasks {
         let (failures, cancel, stop) = (failures.clone(), cancel.clone(), stop.clone());
+        let cpu_group = opts.cpu_group.clone();
         let h = std::thread::Builder::new()
             .name(id.to_string())
             .spawn(move || {
+                if let Some(g) = cpu_group
+                    && let Err(e) = g.join_current_thread()
+                {
+                    eprintln!("warning: subtask {id} runs outside its tenant's CPU share: {e}");
+                }
                 if nice > 0 {
                     priority::demote_current_thread(nice);
                 }

@@ -1,5 +1,6 @@
 //! Executing a job: subtasks on threads connected by bounded channels carrying batches.
 
+pub mod cpu_shares;
 pub mod error;
 pub mod executor;
 pub mod faults;

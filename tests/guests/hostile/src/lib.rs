@@ -122,7 +122,9 @@ impl Operator for Hostile {
             "trap-snapshot" => self.bomb.set(ctx, Bomb),
             "poison-restore" => {
                 self.poison.set(ctx, Poison(1));
-                if rec.value == b"400" {
+                // The host's fault injection sends `panic` once a checkpoint (holding the
+                // poison) completed.
+                if rec.value == b"panic" {
                     panic!("hostile: failing so that the job restores its poison");
                 }
             }
@@ -144,6 +146,14 @@ impl Operator for Hostile {
                         i64::MAX - 1 - (rec.timestamp * 64 + i),
                     );
                 }
+            }
+            // Burns CPU on every record, always well under any call timeout.
+            "burn" => {
+                let mut x = rec.value.len() as u64;
+                for i in 0..20_000u64 {
+                    x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+                }
+                black_box(x);
             }
             // A timer that is due at once and re-registers itself when it fires (below).
             "timer-loop" => ctx.register_event_timer(i64::MIN + 1),
