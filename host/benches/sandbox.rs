@@ -7,6 +7,10 @@
 //! 4. Fairness: a normal keyed-count job (checkpoint every 100 ms) alone, then next to a
 //!    hostile job (another tenant) whose guest spins until its CPU deadline, restarting with
 //!    the default backoff: throughput and checkpoint duration ratios.
+//! 5. CPU shares between tenants: the same job alone, then next to a tenant whose 8 threads
+//!    burn CPU below every call limit, with each tenant's threads in a CPU cgroup of equal
+//!    weight (`runtime/cpu_shares.rs`) and without: the victim's throughput ratios.
+//!    (`WEIR_SANDBOX_ONLY=5` runs this part alone.)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -93,19 +97,31 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs the keyed-count job; returns (records/s, mean checkpoint duration ms, max).
 fn normal_job(engine: &wasmtime::Engine, guests: &Path, n: u64) -> (f64, f64, f64) {
+    normal_job_in(engine, guests, n, None, None)
+}
+
+/// The keyed-count job with its threads in `group`.
+fn normal_job_in(
+    engine: &wasmtime::Engine,
+    guests: &Path,
+    n: u64,
+    group: Option<Arc<weir::runtime::cpu_shares::CpuGroup>>,
+    rate: Option<u64>,
+) -> (f64, f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
         "[job]\nname = \"normal\"\nmax_parallelism = {MAX_P}\n[checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
-         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {n}\nkeys = 10000\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {n}\nkeys = 10000\n{}\
          [[operator]]\nid = \"count\"\ncomponent = {:?}\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
          [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"count\" }}]\n",
+        rate.map(|r| format!("rate = {r}\n")).unwrap_or_default(),
         guests.join("wordcount_counter.wasm").display().to_string()
     );
     let path = dir.path().join("job.toml");
     std::fs::write(&path, &toml).unwrap();
     let bound = job::bind::bind(engine, job::parse(&path, &toml).unwrap()).unwrap();
     let t = Instant::now();
-    executor::run(&bound, &RunOptions { quiet_guests: true, ..Default::default() }).unwrap();
+    executor::run(&bound, &RunOptions { quiet_guests: true, cpu_group: group, ..Default::default() }).unwrap();
     let rate = n as f64 / t.elapsed().as_secs_f64();
     let h: Vec<CheckpointMetrics> =
         serde_json::from_slice(&std::fs::read(dir.path().join("chk/normal/history.json")).unwrap()).unwrap();
@@ -140,8 +156,78 @@ fn hostile_job(
     (handle, t)
 }
 
+/// Starts a tenant whose 8 operator threads burn CPU below every limit, in `group`.
+fn burning_job(
+    engine: Arc<wasmtime::Engine>,
+    guests: &Path,
+    group: Option<Arc<weir::runtime::cpu_shares::CpuGroup>>,
+) -> (weir::runtime::handle::JobHandle, std::thread::JoinHandle<()>) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[job]\nname = \"burner\"\nmax_parallelism = 16\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 64\n\
+         [[operator]]\nid = \"burn\"\ncomponent = {:?}\nparallelism = 8\nconfig = {{ mode = \"burn\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"burn\" }}]\n",
+        guests.join("test_hostile.wasm").display().to_string()
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let graph = job::parse(&path, &toml).unwrap();
+    let (handle, endpoint) = weir::runtime::handle::JobHandle::new("burner");
+    let t = std::thread::spawn(move || {
+        let _dir = dir;
+        let bound = job::bind::bind(&engine, graph).unwrap();
+        let opts = RunOptions { quiet_guests: true, endpoint: Some(endpoint), cpu_group: group, ..Default::default() };
+        let _ = executor::run(&bound, &opts);
+    });
+    (handle, t)
+}
+
+/// 5. The victim's throughput alone and next to a burning tenant, with and without shares.
+fn cpu_shares(guests: &Path) {
+    use weir::runtime::cpu_shares::CpuShares;
+    let n = std::env::var("WEIR_SANDBOX_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000_000u64);
+    let engine = Arc::new(engine_with(EngineOptions::default()).unwrap());
+    let shares = CpuShares::new(Path::new("/sys/fs/cgroup/cpu"));
+    if let Some(why) = shares.unavailable() {
+        println!("5. CPU shares: not measured ({why})");
+        return;
+    }
+    let group = |name: &str| Some(Arc::new(shares.group(name, 100).unwrap()));
+    println!("5. CPU shares: keyed count next to a tenant burning 8 threads, equal weights, median of 3 rounds");
+    // Unthrottled (the job alone wants more than half the cores), then at 4 M records/s (it
+    // needs less than its half).
+    for (label, rate, n) in [("unthrottled", None, n), ("4 M/s      ", Some(4_000_000), n / 2)] {
+        let (mut alone, mut shared, mut unshared) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            alone.push(normal_job_in(&engine, guests, n, group("victim"), rate).0);
+            for (with, out) in [(true, &mut shared), (false, &mut unshared)] {
+                let (h, t) = burning_job(engine.clone(), guests, if with { group("attacker") } else { None });
+                std::thread::sleep(Duration::from_millis(500));
+                out.push(normal_job_in(&engine, guests, n, if with { group("victim") } else { None }, rate).0);
+                h.cancel();
+                t.join().unwrap();
+            }
+        }
+        let (a, s, u) = (median(alone), median(shared), median(unshared));
+        println!(
+            "   {label}  alone {:>6.2} M/s | next to it: shares {:>6.2} M/s ({:.3}) | no shares {:>6.2} M/s ({:.3})",
+            a / 1e6,
+            s / 1e6,
+            s / a,
+            u / 1e6,
+            u / a
+        );
+    }
+}
+
 fn main() {
     let guests = build_guests();
+    if std::env::var("WEIR_SANDBOX_ONLY").as_deref() == Ok("5") {
+        cpu_shares(&guests);
+        return;
+    }
     let counter = std::fs::read(guests.join("wordcount_counter.wasm")).unwrap();
     let input = batches();
     let rounds = std::env::var("WEIR_SANDBOX_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5000usize);
@@ -216,4 +302,6 @@ fn main() {
     println!("   alone          {:>6.2} M records/s  checkpoint mean {ca:>6.1} ms  max {ma:>6.1} ms", ra / 1e6);
     println!("   next to spin   {:>6.2} M records/s  checkpoint mean {cn:>6.1} ms  max {mn:>6.1} ms", rn / 1e6);
     println!("   throughput ratio {:.3}, checkpoint duration ratio {:.2}", rn / ra, cn / ca);
+
+    cpu_shares(&guests);
 }
