@@ -238,6 +238,16 @@ mod tests {
             prop_assert_eq!(back, recs);
         }
 
+        /// Fuzz: guest output framing on arbitrary bytes is counted or refused, never panics,
+        /// and a counted buffer iterates to exactly that many records.
+        #[test]
+        fn sandbox_fuzz_guest_output_framing_never_panics(buf in any::<Vec<u8>>(), max_tag in any::<u32>()) {
+            if let Ok(n) = validate_tags(&buf, max_tag) {
+                let b = Batch::from_validated(buf.clone(), n);
+                prop_assert_eq!(b.iter().count() as u32, n);
+            }
+        }
+
         #[test]
         fn every_truncation_is_rejected(k in proptest::collection::vec(any::<u8>(), 0..20),
                                         v in proptest::collection::vec(any::<u8>(), 0..20),

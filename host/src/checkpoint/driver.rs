@@ -391,17 +391,21 @@ pub fn run(
                         operators,
                         metrics,
                     };
-                    match store.publish(&manifest) {
+                    // Published only once its files are on disk as the writer reported them, so
+                    // retention can never leave the job with nothing that restores.
+                    let published =
+                        store.verify_files(&manifest).map_err(|e| format!("its files do not verify: {e}")).and_then(
+                            |()| store.publish(&manifest).map_err(|e| format!("publishing the manifest failed: {e}")),
+                        );
+                    match published {
                         Ok(bytes) => manifest.metrics.bytes += bytes,
                         Err(e) => {
-                            eprintln!(
-                                "checkpoint {id}: publishing the manifest failed: {e}; the checkpoint is not complete"
-                            );
+                            eprintln!("checkpoint {id}: {e}; the checkpoint is not complete, older ones are kept");
                             if is_final {
                                 final_id = None;
                             }
                             broadcast(Control::Abort(id));
-                            aborted.push((id, format!("publishing the manifest failed: {e}")));
+                            aborted.push((id, e));
                             fail_requests(&mut savepoint, &mut upgrade, &aborted, &send_to);
                             continue;
                         }

@@ -261,6 +261,32 @@ mod tests {
     }
 
     proptest! {
+        /// Fuzz (`PROPTEST_CASES=100000` for a longer run): every decoder of guest blobs and
+        /// deltas on arbitrary bytes, and on a valid blob with bytes flipped, fails or
+        /// succeeds, never panics.
+        #[test]
+        fn sandbox_fuzz_state_blobs_and_deltas_never_panic(
+            s in states(),
+            garbage in any::<Vec<u8>>(),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..4),
+        ) {
+            let mut blob = encode(&s);
+            for (at, x) in &flips {
+                if !blob.is_empty() {
+                    let i = at % blob.len();
+                    blob[i] ^= x;
+                }
+            }
+            for b in [&garbage[..], &blob[..]] {
+                let _ = decode(b);
+                let _ = decode_delta(b);
+                let _ = max_value_len(b);
+                let _ = retain(b, |n| n.len() % 2 == 0);
+                let _ = apply_delta(&encode(&s), b);
+                let _ = apply_delta(b, &garbage);
+            }
+        }
+
         #[test]
         fn round_trips_and_never_panics_on_garbage(s in states(), garbage in any::<Vec<u8>>()) {
             prop_assert_eq!(decode(&encode(&s)).unwrap(), s);

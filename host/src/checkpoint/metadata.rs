@@ -234,10 +234,35 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
-    #[test]
-    fn round_trips_and_detects_tampering() {
-        let m = Manifest {
+    proptest! {
+        /// Fuzz: a manifest with a valid header and checksum around arbitrary bytes, or around
+        /// a valid manifest's JSON with bytes flipped, decodes or fails, never panics.
+        #[test]
+        fn sandbox_fuzz_manifests_never_panic(
+            garbage in any::<Vec<u8>>(),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+        ) {
+            let frame = |body: &[u8]| {
+                let mut out = format!("weir-checkpoint {FORMAT_VERSION} crc32={:08x}\n", crc32fast::hash(body)).into_bytes();
+                out.extend_from_slice(body);
+                out
+            };
+            let _ = Manifest::decode(&frame(&garbage));
+            let _ = Manifest::decode(&garbage);
+            let valid = sample();
+            let mut body = serde_json::to_vec_pretty(&valid).unwrap();
+            for (at, x) in &flips {
+                let i = at % body.len();
+                body[i] ^= x;
+            }
+            let _ = Manifest::decode(&frame(&body));
+        }
+    }
+
+    fn sample() -> Manifest {
+        Manifest {
             format_version: FORMAT_VERSION,
             kind: SnapshotKind::Savepoint,
             job: "j".into(),
@@ -274,7 +299,12 @@ mod tests {
                 retired: vec![],
             }],
             metrics: CheckpointMetrics::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn round_trips_and_detects_tampering() {
+        let m = sample();
         let bytes = m.encode();
         assert_eq!(Manifest::decode(&bytes).unwrap(), m);
         let mut bad = bytes.clone();

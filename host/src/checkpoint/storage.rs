@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use crate::checkpoint::incremental::fold_keyed;
 use crate::checkpoint::metadata::{CheckpointMetrics, Manifest, ManifestError};
-use crate::checkpoint::snapshot::{StateFileError, SubtaskState};
+use crate::checkpoint::snapshot::{HeaderError, StateFileError, SubtaskState};
 use crate::ids::CheckpointId;
 
 /// Name of the manifest file.
@@ -179,6 +179,41 @@ impl CheckpointStore {
         let bytes = manifest.encode();
         write_atomic(&dir.join(MANIFEST), &bytes)?;
         Ok(bytes.len() as u64)
+    }
+
+    /// Checks, before `manifest` is published, that every state file it names (and every
+    /// file of their chains) is on disk as the writer reported it: the length in the
+    /// manifest, a state file header, and the header's checksum equal to the manifest's. Reads
+    /// only the headers; the bodies' checksums are checked at restore.
+    pub fn verify_files(&self, manifest: &Manifest) -> Result<(), CheckpointError> {
+        let dir = self.chk_dir(CheckpointId(manifest.checkpoint_id));
+        for op in &manifest.operators {
+            for s in &op.subtasks {
+                let bad = |source: StateFileError| CheckpointError::State {
+                    path: dir.clone(),
+                    file: s.file.clone(),
+                    uid: op.uid.clone(),
+                    subtask: s.index,
+                    source,
+                };
+                let path = dir.join(&s.file);
+                let (len, crc) = SubtaskState::read_header(&path).map_err(|e| match e {
+                    HeaderError::Io(e) => CheckpointError::Io { path: path.clone(), source: e },
+                    HeaderError::File(e) => bad(e),
+                })?;
+                if len != s.bytes {
+                    return Err(bad(StateFileError::Truncated { expected: s.bytes, found: len }));
+                }
+                if crc != s.crc32 {
+                    return Err(bad(StateFileError::Checksum { stored: s.crc32, computed: crc }));
+                }
+                for l in &s.chain {
+                    let p = self.chk_dir(CheckpointId(l.checkpoint)).join(&l.file);
+                    fs::metadata(&p).map_err(io(&p))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every `chk-<id>` directory, ascending by id, with its manifest or why it is unusable.
@@ -437,6 +472,35 @@ mod tests {
             }],
             metrics: CheckpointMetrics { id, ..Default::default() },
         }
+    }
+
+    #[test]
+    fn a_checkpoint_is_published_only_if_its_files_are_as_the_writer_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(d.path(), "j");
+        let state = SubtaskState { operator_state: vec![7; 100], ..Default::default() };
+        let (bytes, crc) = store.write_state(CheckpointId(1), "op-0.state", &state).unwrap();
+        let m = manifest(1, "op-0.state", bytes, crc);
+        store.verify_files(&m).unwrap();
+        let e = store.verify_files(&manifest(1, "op-0.state", bytes, crc ^ 1)).unwrap_err().to_string();
+        assert!(e.contains("op-0.state") && e.contains("checksum"), "{e}");
+        let e = store.verify_files(&manifest(1, "op-1.state", bytes, crc)).unwrap_err().to_string();
+        assert!(e.contains("op-1.state"), "a missing file is named: {e}");
+        let path = d.path().join("j/chk-1/op-0.state");
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(bytes - 5).unwrap();
+        let e = store.verify_files(&m).unwrap_err().to_string();
+        assert!(e.contains("op-0.state"), "a torn file is named: {e}");
+        let mut chained = manifest(1, "op-0.state", bytes, crc);
+        chained.operators[0].subtasks[0].chain =
+            vec![crate::checkpoint::incremental::ChainLink { checkpoint: 0, file: "op-0.state".into() }];
+        std::fs::write(&path, {
+            let (b, _) = state.encode();
+            b
+        })
+        .unwrap();
+        let e = store.verify_files(&chained).unwrap_err().to_string();
+        assert!(e.contains("chk-0"), "a missing link of the chain is named: {e}");
     }
 
     fn complete(store: &CheckpointStore, id: u64) {

@@ -17,6 +17,11 @@ use std::path::{Path, PathBuf};
 /// The default weight of a tenant (`cpu_weight`), as in cgroup v2 (1..=10000).
 pub const DEFAULT_WEIGHT: u32 = 100;
 
+/// `cpu.shares` of the server's own group against the rest of the machine: as much as 16 busy
+/// threads, so moving the jobs' threads into groups does not starve the server next to other
+/// processes (in one group, all tenants' threads would otherwise weigh as one thread).
+pub const SERVER_SHARES: u64 = 16 * 1024;
+
 /// The CPU groups of one server process.
 #[derive(Debug)]
 pub struct CpuShares {
@@ -37,7 +42,10 @@ impl CpuShares {
         let made = if !mount.join("cpu.shares").exists() {
             Err(format!("{} is not a cgroup v1 `cpu` hierarchy", mount.display()))
         } else {
-            std::fs::create_dir_all(&root).map(|_| root).map_err(|e| format!("cannot create a CPU cgroup: {e}"))
+            std::fs::create_dir_all(&root)
+                .and_then(|_| std::fs::write(root.join("cpu.shares"), SERVER_SHARES.to_string()))
+                .map(|_| root)
+                .map_err(|e| format!("cannot create a CPU cgroup: {e}"))
         };
         CpuShares { root: made }
     }

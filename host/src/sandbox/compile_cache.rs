@@ -4,7 +4,9 @@
 //! cached (uploading, submitting and restarting a job with the same component reuse it); at
 //! most [`COMPILE_SLOTS`] compilations run at once in the process, so compiling never takes
 //! every core from running jobs; the cache holds at most [`MAX_ENTRIES`] components and
-//! [`MAX_BYTES`] of their source bytes, the oldest evicted first. Callers that serve several
+//! [`MAX_BYTES`] of their source bytes, the oldest evicted first, all for one engine (a
+//! process runs one; a compiled component keeps its engine alive, so entries of an engine
+//! that is no longer used are dropped as soon as another engine compiles). Callers that serve several
 //! tenants also serialize each tenant's own compilations (`api::server`), so one tenant's huge
 //! component holds one slot, never all of them.
 
@@ -61,7 +63,8 @@ pub fn compile(engine: &Engine, sha256: &str, bytes: &[u8]) -> wasmtime::Result<
         Component::new(engine, bytes)?
     };
     let mut entries = c.entries.lock().unwrap_or_else(|p| p.into_inner());
-    if !entries.iter().any(|e| e.sha256 == sha256 && Engine::same(&e.engine, engine)) && bytes.len() <= MAX_BYTES {
+    entries.retain(|e| Engine::same(&e.engine, engine));
+    if !entries.iter().any(|e| e.sha256 == sha256) && bytes.len() <= MAX_BYTES {
         entries.push_back(Entry {
             engine: engine.clone(),
             sha256: sha256.to_string(),
