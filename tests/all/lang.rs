@@ -111,14 +111,15 @@ fn lang_savepoints_move_between_rust_c_javascript_and_python_counters() {
     let mut restore = None;
     for (i, (counter, p)) in chain.iter().enumerate() {
         let last = i + 1 == chain.len();
-        let r = start(d.path(), &wordcount_job_with(counter, *p, if last { 0 } else { 2000 }), restore.take(), false);
+        let mut r =
+            start(d.path(), &wordcount_job_with(counter, *p, if last { 0 } else { 2000 }), restore.take(), false);
         if !last {
             wait_records(&r, "count", 1000);
             let sp = d.path().join(format!("sp{i}"));
             r.handle.savepoint(Some(sp.clone()), true, Duration::from_secs(60)).unwrap();
             restore = Some(sp);
         }
-        r.thread.join().unwrap().unwrap();
+        r.join().unwrap();
     }
     assert_eq!(committed_lines(&d.path().join("out")), wordcount_expected());
 }
@@ -129,18 +130,18 @@ fn lang_savepoints_move_between_rust_c_javascript_and_python_counters() {
 fn migrates_like_rust(v2: std::path::PathBuf) {
     let d = scratch();
     let (sp1, sp2) = (d.path().join("sp1"), d.path().join("sp2"));
-    let r = start(d.path(), &wordcount_job_with(&component("wordcount_counter"), 2, 2000), None, false);
+    let mut r = start(d.path(), &wordcount_job_with(&component("wordcount_counter"), 2, 2000), None, false);
     wait_records(&r, "count", 1000);
     r.handle.savepoint(Some(sp1.clone()), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
-    let r = start(d.path(), &wordcount_job_with(&v2, 2, 2000), Some(sp1), false);
+    r.join().unwrap();
+    let mut r = start(d.path(), &wordcount_job_with(&v2, 2, 2000), Some(sp1), false);
     wait_records(&r, "count", 1000);
     r.handle.savepoint(Some(sp2.clone()), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     let m = weir::checkpoint::storage::load(&sp2).unwrap().manifest;
     assert_eq!(m.operator("count").unwrap().component.as_ref().unwrap().schema_version, 2);
-    let r = start(d.path(), &wordcount_job_with(&component("wordcount_counter_v2"), 2, 0), Some(sp2), false);
-    r.thread.join().unwrap().unwrap();
+    let mut r = start(d.path(), &wordcount_job_with(&component("wordcount_counter_v2"), 2, 0), Some(sp2), false);
+    r.join().unwrap();
     assert_eq!(committed_lines(&d.path().join("out")), wordcount_expected());
 }
 

@@ -47,9 +47,20 @@ fn golden() -> Vec<String> {
     v
 }
 
+/// A job running on a thread. Its sources hold back their end of input until [`Running::join`],
+/// so a test's savepoint, stop or upgrade always finds it running, however busy the machine.
 pub struct Running {
     pub handle: JobHandle,
-    pub thread: JoinHandle<Result<RunSummary, RunError>>,
+    thread: Option<JoinHandle<Result<RunSummary, RunError>>>,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Running {
+    /// Lets the input end, then waits for the job.
+    pub fn join(&mut self) -> Result<RunSummary, RunError> {
+        self.hold.store(false, std::sync::atomic::Ordering::Release);
+        self.thread.take().expect("joined once").join().unwrap()
+    }
 }
 
 /// Starts `toml` (as `dir/job.toml`) on a thread with a handle.
@@ -58,6 +69,8 @@ pub fn start(dir: &Path, toml: &str, restore: Option<PathBuf>, allow: bool) -> R
     std::fs::write(&path, toml).unwrap();
     let graph = job::parse(&path, toml).unwrap();
     let (handle, endpoint) = JobHandle::new(&graph.name);
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let held = hold.clone();
     let thread = std::thread::spawn(move || {
         let engine = new_engine().unwrap();
         let bound = job::bind::bind(&engine, graph)?;
@@ -66,11 +79,12 @@ pub fn start(dir: &Path, toml: &str, restore: Option<PathBuf>, allow: bool) -> R
             restore: restore.map(RestoreFrom::Path),
             allow_non_restored_state: allow,
             endpoint: Some(endpoint),
+            hold_input: Some(held),
             ..Default::default()
         };
         executor::run(&bound, &opts)
     });
-    Running { handle, thread }
+    Running { handle, thread: Some(thread), hold }
 }
 
 /// Waits until the job's node `uid` has received at least `n` records.
@@ -93,10 +107,10 @@ fn load_factory(name: &str) -> OperatorFactory {
 }
 
 /// Stops a running oracle job with a savepoint into `dir/sp` after `after` records.
-fn stop_with_savepoint(r: Running, after: u64, sp: &Path) -> PathBuf {
+fn stop_with_savepoint(mut r: Running, after: u64, sp: &Path) -> PathBuf {
     wait_records(&r, "oracle", after);
     let info = r.handle.savepoint(Some(sp.to_path_buf()), true, Duration::from_secs(60)).unwrap();
-    let summary = r.thread.join().unwrap().unwrap();
+    let summary = r.join().unwrap();
     assert_eq!(summary.stopped_with.as_ref().map(|s| s.path.clone()), Some(sp.to_path_buf()));
     assert!(matches!(r.handle.status().state, JobState::Stopped { .. }));
     info.path
@@ -127,8 +141,8 @@ fn savepoint_stop_then_restore_from_a_moved_directory_equals_an_uninterrupted_ru
     let m = storage::load(&moved).unwrap().manifest;
     assert_eq!(m.kind, weir::checkpoint::metadata::SnapshotKind::Savepoint);
     assert!(m.operators.iter().flat_map(|o| &o.subtasks).all(|s| s.chain.is_empty()), "savepoints are full");
-    let r = start(d.path(), &oracle_job("test_oracle", 2, 0, ""), Some(moved), false);
-    let s = r.thread.join().unwrap().unwrap();
+    let mut r = start(d.path(), &oracle_job("test_oracle", 2, 0, ""), Some(moved), false);
+    let s = r.join().unwrap();
     assert!(s.restored_from.is_some());
     assert_golden(d.path());
 }
@@ -137,18 +151,18 @@ fn savepoint_stop_then_restore_from_a_moved_directory_equals_an_uninterrupted_ru
 fn savepoint_taken_while_running_restores_to_the_same_output() {
     let d = scratch();
     let sp = d.path().join("sp");
-    let r = start(d.path(), &oracle_job("test_oracle", 2, 30_000, ""), None, false);
+    let mut r = start(d.path(), &oracle_job("test_oracle", 2, 30_000, ""), None, false);
     wait_records(&r, "oracle", COUNT / 4);
     let info = r.handle.savepoint(Some(sp.clone()), false, Duration::from_secs(60)).unwrap();
     assert!(info.bytes > 0);
     // A second savepoint into the same (now non-empty) directory is refused, naming it.
     let e = r.handle.savepoint(Some(sp.clone()), false, Duration::from_secs(60)).unwrap_err();
     assert!(e.contains("exists and is not empty"), "{e}");
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     assert_golden(d.path());
     // Going back to the savepoint rolls the sink back to it and reproduces the rest.
-    let r = start(d.path(), &oracle_job("test_oracle", 2, 0, ""), Some(sp), false);
-    r.thread.join().unwrap().unwrap();
+    let mut r = start(d.path(), &oracle_job("test_oracle", 2, 0, ""), Some(sp), false);
+    r.join().unwrap();
     assert_golden(d.path());
 }
 
@@ -157,8 +171,8 @@ fn rescale(from: u32, to: u32) {
     let sp = d.path().join("sp");
     let r = start(d.path(), &oracle_job("test_oracle", from, 20_000, ""), None, false);
     stop_with_savepoint(r, COUNT / 2, &sp);
-    let r = start(d.path(), &oracle_job("test_oracle", to, 0, ""), Some(sp), false);
-    r.thread.join().unwrap().unwrap();
+    let mut r = start(d.path(), &oracle_job("test_oracle", to, 0, ""), Some(sp), false);
+    r.join().unwrap();
     assert_golden(d.path());
     // The sink's subtasks that no longer exist had their output committed and nothing left
     // in progress.
@@ -188,7 +202,7 @@ fn rescale_2_to_1_equals_an_uninterrupted_run() {
 #[test]
 fn upgrade_live_under_load_keeps_exactly_once_and_survives_a_process_restart() {
     let d = scratch();
-    let r = start(d.path(), &oracle_job("test_oracle", 2, 20_000, ""), None, false);
+    let mut r = start(d.path(), &oracle_job("test_oracle", 2, 20_000, ""), None, false);
     wait_records(&r, "oracle", COUNT / 4);
     let info = r.handle.upgrade("oracle", load_factory("test_oracle_v2"), Duration::from_secs(60)).unwrap();
     assert_eq!(info.from, "test-oracle 1.0.0 (schema 1)");
@@ -201,7 +215,7 @@ fn upgrade_live_under_load_keeps_exactly_once_and_survives_a_process_restart() {
     // Stop, as if the process went away; the job file still names v1.
     wait_records(&r, "oracle", COUNT / 2);
     r.handle.savepoint(Some(d.path().join("sp")), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     let store = CheckpointStore::new(&d.path().join("chk"), "sp");
     let latest = store.latest(|_| {}).unwrap();
     let c = latest.manifest.operator("oracle").unwrap().component.clone().unwrap();
@@ -228,7 +242,7 @@ fn upgrade_rolls_back_every_subtask_when_one_traps_in_restore() {
     let d = scratch();
     // Subtask 1 of v2 traps while migrating; subtask 0 would succeed.
     let toml = oracle_job("test_oracle", 2, 20_000, ", trap_in_restore = \"1\"");
-    let r = start(d.path(), &toml, None, false);
+    let mut r = start(d.path(), &toml, None, false);
     wait_records(&r, "oracle", COUNT / 4);
     let e = r.handle.upgrade("oracle", load_factory("test_oracle_v2"), Duration::from_secs(60)).unwrap_err();
     assert!(e.contains("rolled back; every subtask runs test-oracle 1.0.0 (schema 1) again"), "{e}");
@@ -237,7 +251,7 @@ fn upgrade_rolls_back_every_subtask_when_one_traps_in_restore() {
     let st = r.handle.status();
     let node = st.nodes.iter().find(|n| n.uid == "oracle").unwrap();
     assert_eq!(node.component.as_deref(), Some("test-oracle 1.0.0 (schema 1)"));
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     assert_golden(d.path());
     let store = CheckpointStore::new(&d.path().join("chk"), "sp");
     let c = store.latest(|_| {}).unwrap().manifest.operator("oracle").unwrap().component.clone().unwrap();
@@ -278,19 +292,19 @@ fn upgrade_offline_migrates_a_v1_savepoint_into_v2_and_refuses_v3_and_downgrades
     // Slow sources leave most of the input for the second run however late the savepoint
     // lands on a busy machine (the input is 2 400 lines of 5 words): 300 lines in at 200
     // lines/s, ~10 s of input left; then 800 lines at 500/s of the ~2 000 left.
-    let r = start(d.path(), &wordcount_job("wordcount_counter", 2, 200), None, false);
+    let mut r = start(d.path(), &wordcount_job("wordcount_counter", 2, 200), None, false);
     wait_records(&r, "count", 1500);
     r.handle.savepoint(Some(sp.clone()), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     let committed = committed_lines(&d.path().join("out"));
 
     // v3 migrates only from schema 1... which this savepoint is: accepted. So take a v2
     // savepoint first and check v3 against that.
     let sp2 = d.path().join("sp-v2");
-    let r = start(d.path(), &wordcount_job("wordcount_counter_v2", 3, 500), Some(sp.clone()), false);
+    let mut r = start(d.path(), &wordcount_job("wordcount_counter_v2", 3, 500), Some(sp.clone()), false);
     wait_records(&r, "count", 4000);
     r.handle.savepoint(Some(sp2.clone()), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     let m = storage::load(&sp2).unwrap().manifest;
     let c = m.operator("count").unwrap().component.clone().unwrap();
     assert_eq!((c.name.as_str(), c.version.as_str(), c.schema_version), ("wordcount-counter", "2.0.0", 2));
@@ -298,8 +312,8 @@ fn upgrade_offline_migrates_a_v1_savepoint_into_v2_and_refuses_v3_and_downgrades
 
     let refused = |counter: &str| {
         let before = committed_lines(&d.path().join("out"));
-        let r = start(d.path(), &wordcount_job(counter, 3, 0), Some(sp2.clone()), false);
-        let e = r.thread.join().unwrap().unwrap_err();
+        let mut r = start(d.path(), &wordcount_job(counter, 3, 0), Some(sp2.clone()), false);
+        let e = r.join().unwrap_err();
         assert!(matches!(e, RunError::Incompatible { .. }), "{e}");
         assert_eq!(committed_lines(&d.path().join("out")), before, "a refused job must not touch the output");
         e.to_string()
@@ -325,8 +339,8 @@ fn upgrade_offline_migrates_a_v1_savepoint_into_v2_and_refuses_v3_and_downgrades
     );
     // v2 finishes the job: every word counted exactly once across v1, the migration, the
     // rescale 2 -> 3 and v2.
-    let r = start(d.path(), &wordcount_job("wordcount_counter_v2", 3, 0), Some(sp2), false);
-    r.thread.join().unwrap().unwrap();
+    let mut r = start(d.path(), &wordcount_job("wordcount_counter_v2", 3, 0), Some(sp2), false);
+    r.join().unwrap();
     assert_eq!(committed_lines(&d.path().join("out")), wordcount_expected());
 }
 
@@ -335,7 +349,7 @@ fn upgrade_live_refusals_leave_the_job_running() {
     let d = scratch();
     // 2 400 lines at 600/s: the job is still running when the refusals come, even on a busy
     // machine.
-    let r = start(d.path(), &wordcount_job("wordcount_counter_v2", 2, 600), None, false);
+    let mut r = start(d.path(), &wordcount_job("wordcount_counter_v2", 2, 600), None, false);
     wait_records(&r, "count", 500);
     let engine = new_engine().unwrap();
     let v3 = LoadedComponent::load(&engine, "count", &component("wordcount_counter_v3")).unwrap();
@@ -349,7 +363,7 @@ fn upgrade_live_refusals_leave_the_job_running() {
     let tok = LoadedComponent::load(&engine, "count", &component("wordcount_tokenizer")).unwrap();
     let e = r.handle.upgrade("nope", OperatorFactory::Wasm(Arc::new(tok)), Duration::from_secs(30)).unwrap_err();
     assert!(e.contains("has no operator `nope`"), "{e}");
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     assert_eq!(committed_lines(&d.path().join("out")), wordcount_expected());
 }
 
@@ -358,12 +372,12 @@ fn savepoint_without_checkpointing_is_refused_clearly() {
     let d = scratch();
     let toml = oracle_job("test_oracle", 1, 20_000, "")
         .replace("[checkpoint]\ninterval_ms = 100\ndir = \"chk\"\nincremental = true\n", "");
-    let r = start(d.path(), &toml, None, false);
+    let mut r = start(d.path(), &toml, None, false);
     wait_records(&r, "oracle", 100);
     let e = r.handle.savepoint(None, false, Duration::from_secs(10)).unwrap_err();
     assert!(e.contains("has no [checkpoint] section"), "{e}");
     r.handle.cancel();
-    let e = r.thread.join().unwrap().unwrap_err();
+    let e = r.join().unwrap_err();
     assert!(matches!(e, RunError::Cancelled { .. }), "{e}");
     assert_eq!(r.handle.status().state, JobState::Cancelled);
 }
@@ -398,13 +412,13 @@ fn rescale_splits_and_unions_non_keyed_list_state_as_declared() {
         )
     };
     let sp = d.path().join("sp");
-    let r = start(d.path(), &job(2, 6000), None, false);
+    let mut r = start(d.path(), &job(2, 6000), None, false);
     wait_records(&r, "lists", 2000);
     r.handle.savepoint(Some(sp.clone()), true, Duration::from_secs(60)).unwrap();
-    r.thread.join().unwrap().unwrap();
+    r.join().unwrap();
     assert!(committed_lines(&d.path().join("out")).is_empty(), "nothing is emitted before close");
-    let r = start(d.path(), &job(3, 0), Some(sp), false);
-    r.thread.join().unwrap().unwrap();
+    let mut r = start(d.path(), &job(3, 0), Some(sp), false);
+    r.join().unwrap();
     let lines = committed_lines(&d.path().join("out"));
     let mut values: Vec<u64> =
         lines.iter().filter_map(|l| l.strip_prefix("pending ")).map(|v| v.parse().unwrap()).collect();
@@ -422,7 +436,7 @@ fn savepoint_and_upgrade_over_the_http_api_need_the_token() {
     use weir::api::http::send;
     use weir::api::server::{Api, ServedJob};
     let d = scratch();
-    let r = start(d.path(), &oracle_job("test_oracle", 2, 20_000, ""), None, false);
+    let mut r = start(d.path(), &oracle_job("test_oracle", 2, 20_000, ""), None, false);
     let api = Api::new("secret".into(), new_engine().unwrap());
     api.add_job("sp", ServedJob { handle: r.handle.clone(), checkpoint_root: Some(d.path().join("chk/sp")) });
     let server = api.serve("127.0.0.1:0").unwrap();
@@ -449,7 +463,7 @@ fn savepoint_and_upgrade_over_the_http_api_need_the_token() {
     assert!(status == 200 && body.contains("\"duration_ms\""), "{body}");
     let (status, body) = send(&addr, "POST", "/v1/jobs/sp/stop", "secret", b"", t).unwrap();
     assert_eq!(status, 200, "{body}");
-    let s = r.thread.join().unwrap().unwrap();
+    let s = r.join().unwrap();
     assert!(s.stopped_with.unwrap().path.starts_with(d.path().join("chk/sp/savepoints")));
 }
 
@@ -465,7 +479,7 @@ fn rescale_down_then_up_keeps_the_output_of_retired_sink_subtasks() {
     stop_with_savepoint(r, COUNT / 4, &sp2);
     let m = storage::load(&sp2).unwrap().manifest;
     assert_eq!(m.operator("out").unwrap().retired.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2]);
-    let r = start(d.path(), &oracle_job("test_oracle", 3, 0, ""), Some(sp2), false);
-    r.thread.join().unwrap().unwrap();
+    let mut r = start(d.path(), &oracle_job("test_oracle", 3, 0, ""), Some(sp2), false);
+    r.join().unwrap();
     assert_golden(d.path());
 }

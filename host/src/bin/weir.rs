@@ -524,6 +524,7 @@ fn run_job(
             faults: None,
             endpoint: Some(endpoint),
             cpu_group: None,
+            hold_input: None,
         };
         let started_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);

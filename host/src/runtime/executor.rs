@@ -79,6 +79,10 @@ pub struct RunOptions {
     pub endpoint: Option<Endpoint>,
     /// The CPU group (its tenant's share) every subtask thread joins before it runs.
     pub cpu_group: Option<Arc<crate::runtime::cpu_shares::CpuGroup>>,
+    /// Tests: while set, sources hold back their end of input, so the job cannot finish
+    /// before the test has taken its savepoint, upgrade or stop (an event it controls, not a
+    /// race with the machine's speed).
+    pub hold_input: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Counters of one node at the end of a run.
@@ -575,6 +579,7 @@ fn run_attempt(
                         suspend_after: None,
                         suspended: false,
                         faults: opts.faults.clone().map(|plan| Faults { plan, attempt }),
+                        hold_input: opts.hold_input.clone(),
                     })
                 }
                 NodeKind::Operator(op) => {

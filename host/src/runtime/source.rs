@@ -78,6 +78,8 @@ pub struct SourceTask {
     pub suspended: bool,
     /// Failure injection (tests): the end of input waits for the attempt's planned faults.
     pub faults: Option<crate::runtime::task::Faults>,
+    /// Tests: the end of input waits while this is set.
+    pub hold_input: Option<Arc<AtomicBool>>,
 }
 
 /// Whether the source goes on.
@@ -160,11 +162,17 @@ impl SourceTask {
         }
     }
 
-    /// Failure injection: the input ends only after every fault planned for this attempt fired
-    /// (the failure cancels the attempt); meanwhile checkpoints go on. See `runtime::faults`.
+    /// Tests: the input ends only after every fault planned for this attempt fired (the
+    /// failure cancels the attempt; see `runtime::faults`) and while the test holds it;
+    /// meanwhile checkpoints, savepoints and stops go on.
     fn hold_for_faults(&mut self) -> Result<Flow, TaskFailure> {
-        let Some(f) = self.faults.clone() else { return Ok(Flow::Go) };
-        while f.plan.holds_input(f.attempt) {
+        let faults = self.faults.clone();
+        let gate = self.hold_input.clone();
+        let held = || {
+            faults.as_ref().is_some_and(|f| f.plan.holds_input(f.attempt))
+                || gate.as_ref().is_some_and(|g| g.load(Ordering::Acquire))
+        };
+        while held() {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskFailure::Cancelled { task: self.id.clone() });
             }
