@@ -392,7 +392,7 @@ mod front_door {
     }
 
     /// A connection from 127.0.0.`last`.
-    fn attacker_at(last: u8, addr: SocketAddr) -> TcpStream {
+    pub(super) fn attacker_at(last: u8, addr: SocketAddr) -> TcpStream {
         use socket2::{Domain, Socket, Type};
         let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
         s.bind(&SocketAddr::from(([127, 0, 0, last], 0)).into()).expect("binding to 127.0.0.x (loopback /8)");
@@ -696,6 +696,171 @@ fn sandbox_tenants_share_contended_cpu_by_weight_whatever_their_guests_do() {
         assert!(t0.elapsed() < Duration::from_secs(120), "the victim's checkpoints stopped completing");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The hostile-tenant suite against a real `weir serve`: while a victim tenant's job runs at
+/// a fixed rate, an attacker tries one attack of each class. The server stays up, the victim
+/// keeps >= 90 % of its throughput alone and its checkpoints go on completing, and every attack
+/// gets an error naming the limit it hit.
+#[test]
+fn sandbox_hostile_tenant_suite_against_weir_serve_leaves_the_other_tenant_running() {
+    let d = scratch();
+    let tenant = |name: &str| {
+        format!(
+            "[[tenant]]\nname = \"{name}\"\ntoken = \"{name}-token-0123456789\"\nmax_jobs = 8\nmax_parallelism = 8\n\
+             max_subtasks = 40\nmax_disk_mb = 8\n"
+        )
+    };
+    let serve = weir_serve(
+        d.path(),
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\nheader_timeout_ms = 1000\nmax_connections_per_ip = 32\n{}{}",
+            tenant("victim"),
+            tenant("attacker")
+        ),
+    );
+    let addr = serve.url.trim_start_matches("http://").to_string();
+    let (victim, attacker) = ("victim-token-0123456789", "attacker-token-0123456789");
+    let call = |token: &str, method: &str, path: &str, body: &[u8]| {
+        let (s, v) = weir::api::http::send(&addr, method, path, token, body, Duration::from_secs(120)).unwrap();
+        (s, serde_json::from_str::<serde_json::Value>(&v).unwrap_or(serde_json::Value::String(v)))
+    };
+    let ok = |token: &str, method: &str, path: &str, body: &[u8]| {
+        let (s, v) = call(token, method, path, body);
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        v
+    };
+    let upload = |token: &str, name: &str| {
+        ok(token, "POST", "/v1/components", &std::fs::read(component(name)).unwrap())["component"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let job = |name: &str, comp: &str, p: u32, config: &str, extra: &str, rate: &str| {
+        format!(
+            "[job]\nname = \"{name}\"\nmax_parallelism = 16\n[limits]\nmemory_mb = 32\n{extra}\
+             [checkpoint]\ninterval_ms = 200\ndir = \"chk-{name}\"\n\
+             [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 16\n{rate}\
+             [[operator]]\nid = \"op\"\ncomponent = \"{comp}\"\nparallelism = {p}\nconfig = {config}\n\
+             inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+             [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"op\" }}]\n"
+        )
+    };
+    let submit =
+        |token: &str, toml: &str| ok(token, "POST", "/v1/jobs", toml.as_bytes())["id"].as_str().unwrap().to_string();
+    let state = |token: &str, id: &str| ok(token, "GET", &format!("/v1/jobs/{id}"), b"");
+    let wait_failed = |id: &str| {
+        let t0 = Instant::now();
+        loop {
+            let st = state(attacker, id);
+            if st["state"] == "FAILED" {
+                return st["cause"].as_str().unwrap_or_default().to_string();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(120), "attack job {id} never failed: {st}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    // The victim: 30 000 records/s through a keyed operator, checkpointing.
+    let oracle = upload(victim, "test_oracle");
+    let good = submit(victim, &job("good", &oracle, 1, "{ keys = \"16\" }", "", "rate = 30000\n"));
+    let records = || {
+        state(victim, &good)["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["uid"] == "op")
+            .map_or(0, |n| n["records_in"].as_u64().unwrap())
+    };
+    let rate = || {
+        let (r0, t0) = (records(), Instant::now());
+        std::thread::sleep(Duration::from_secs(3));
+        (records() - r0) as f64 / t0.elapsed().as_secs_f64()
+    };
+    let checkpoints = || ok(victim, "GET", &format!("/v1/jobs/{good}/checkpoints"), b"").as_array().unwrap().len();
+    let t0 = Instant::now();
+    while checkpoints() < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the victim never completed a checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let alone = rate();
+
+    // CPU: 8 threads burning below every call limit.
+    let hostile = upload(attacker, "test_hostile");
+    submit(attacker, &job("burn", &hostile, 8, "{ mode = \"burn\" }", "", ""));
+    // Host memory: timers of 60 KiB keys until the timer limit traps.
+    let hoard = submit(
+        attacker,
+        &job(
+            "hoard",
+            &hostile,
+            1,
+            "{ mode = \"timer-hoard\" }",
+            "max_timer_mb = 2\n[restart]\nstrategy = \"none\"\n",
+            "",
+        ),
+    );
+    // Cancellation and CPU: an on-timer that re-registers a due timer forever.
+    let spin = submit(
+        attacker,
+        &job(
+            "loop",
+            &hostile,
+            1,
+            "{ mode = \"timer-loop\" }",
+            "call_timeout_ms = 500\n[restart]\nstrategy = \"none\"\n",
+            "",
+        ),
+    );
+    // The API: 100 connections trickling request heads (32 per address get in).
+    let mut trickling: Vec<std::net::TcpStream> = Vec::new();
+    for i in 0..100 {
+        use std::io::Write;
+        let mut c = front_door::attacker_at(66, addr.parse().unwrap());
+        let _ = c.write_all(&b"GET /v1/jobs HTTP/1.1\r\n"[..1 + i % 5]);
+        trickling.push(c);
+    }
+    // Disk: uploads past max_disk_mb.
+    let (s, v) = call(attacker, "POST", "/v1/files?name=big", &vec![0u8; 9 << 20]);
+    assert!(s == 507 && v["error"].as_str().unwrap().contains("max_disk_mb"), "{s} {v}");
+    // A forged savepoint: valid checksums, a state frame claiming 1 TiB.
+    let sp_comp = upload(attacker, "test_oracle");
+    let sp_job = job("sp", &sp_comp, 1, "{ keys = \"16\" }", "", "rate = 5000\n");
+    let sp_id = submit(attacker, &sp_job);
+    ok(attacker, "POST", &format!("/v1/jobs/{sp_id}/stop"), br#"{"dir": "sp/a"}"#);
+    let sp_dir = d.path().join("data/attacker/files/sp/a");
+    let mut m =
+        weir::checkpoint::metadata::Manifest::decode(&std::fs::read(sp_dir.join("_metadata")).unwrap()).unwrap();
+    let entry = &mut m.operators.iter_mut().find(|o| o.uid == "op").unwrap().subtasks[0];
+    let mut body = vec![1u8]; // a key-group frame
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    let mut forged = b"WEIRST02".to_vec();
+    forged.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    forged.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    forged.extend_from_slice(&body);
+    (entry.bytes, entry.crc32) = (forged.len() as u64, crc32fast::hash(&body));
+    let file = entry.file.clone();
+    ok(attacker, "POST", &format!("/v1/files?name=sp/a/{file}"), &forged);
+    ok(attacker, "POST", "/v1/files?name=sp/a/_metadata", &m.encode());
+    let (s, v) = call(attacker, "POST", "/v1/jobs?restore=sp/a", sp_job.as_bytes());
+    assert!(s == 409 && v["error"].as_str().unwrap().contains(&file), "refused naming the file: {s} {v}");
+
+    // Meanwhile: every attack failed on its own limit ...
+    assert!(wait_failed(&hoard).contains("exceeded its timer limit"));
+    assert!(wait_failed(&spin).contains("timers kept coming due"));
+    // ... and the victim keeps its throughput and its checkpoints, the burner still running.
+    let next_to = rate();
+    let done = checkpoints();
+    eprintln!("victim: {alone:.0} records/s alone, {next_to:.0} next to the attacks");
+    assert!(next_to >= 0.9 * alone, "the victim fell to {next_to:.0} records/s from {alone:.0}");
+    let t0 = Instant::now();
+    while checkpoints() < done + 2 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the victim's checkpoints stopped completing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(state(victim, &good)["state"], "RUNNING");
+    drop(trickling);
 }
 
 #[test]
