@@ -69,6 +69,12 @@ fn toml_syntax_error_names_the_line() {
 }
 
 #[test]
+fn newcomer_unquoted_text_in_a_job_file_is_explained_in_plain_words() {
+    let e = validate_fails("[job]\nname = wordcount\n", |_| {});
+    assert!(e.contains("job.toml:2:") && e.contains("text needs quotes in TOML: write `name = \"wordcount\"`"), "{e}");
+}
+
+#[test]
 fn misspelled_field_is_an_error_not_a_default() {
     let job = good_job().replace("parallelism = 2", "paralelism = 2");
     let e = validate_fails(&job, |_| {});
@@ -192,6 +198,31 @@ fn a_component_of_another_world_is_refused() {
     let job = good_job().replace(&counter(), &toml_path(&component("test_wrong_world")));
     let e = validate_fails(&job, |_| {});
     assert!(e.contains("neither world `operator` nor `co-operator`"), "{e}");
+}
+
+/// A record that fails the operator every time it is replayed: the job stops after the third
+/// identical failure from the same restore point, saying so, instead of burning all 50
+/// attempts (and their delays).
+#[test]
+fn newcomer_a_record_that_fails_every_restart_stops_the_job_with_that_diagnosis() {
+    let dir = scratch();
+    std::fs::write(dir.path().join("in.csv"), "a,count\nb,panic\n").unwrap();
+    let job = format!(
+        "[job]\nname = \"boom\"\n[restart]\nstrategy = \"fixed-delay\"\nattempts = 50\ndelay_ms = 10\n\
+         [[source]]\nid = \"in\"\ntype = \"file\"\npath = \"in.csv\"\nkey_column = 0\n\
+         [[operator]]\nid = \"probe\"\ncomponent = {}\nparallelism = 1\ninputs = [{{ from = \"in\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"o\"\ntype = \"file\"\npath = \"out\"\ninputs = [{{ from = \"probe\" }}]\n",
+        toml_path(&component("test_probe"))
+    );
+    let e = run_job_in(dir.path(), &job).unwrap_err();
+    assert!(matches!(e, weir::runtime::error::RunError::Repeated { attempts: 3, .. }), "{e}");
+    let e = e.to_string();
+    assert!(
+        e.contains(
+            "stopped after 3 attempt(s): it failed the same way each time from the same restore point (the beginning)"
+        ) && e.contains("probe panicked on request"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -79,12 +79,32 @@ pub fn parse(path: &Path, src: &str) -> Result<JobGraph, JobError> {
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     let dir = dir.unwrap_or(Path::new("."));
     let cx = Ctx { file: path, dir, src };
-    let spec: JobSpec = toml::from_str(src).map_err(|e| JobError {
-        file: path.to_path_buf(),
-        line: e.span().map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1),
-        message: format!("{}\n  (see the job file reference in README.md)", e.message().trim_end()),
+    let spec: JobSpec = toml::from_str(src).map_err(|e| {
+        let line = e.span().map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1);
+        let hint = line.and_then(|l| src.lines().nth(l - 1)).and_then(syntax_hint);
+        JobError {
+            file: path.to_path_buf(),
+            line,
+            message: format!(
+                "{}\n  {}(see the job file reference in README.md)",
+                e.message().trim_end(),
+                hint.map(|h| format!("hint: {h}\n  ")).unwrap_or_default()
+            ),
+        }
     })?;
     build(&cx, spec)
+}
+
+/// A hint in a user's words for a TOML syntax error on `line`: the common slip is text
+/// without quotes (`name = wordcount`), which TOML reports as a malformed number or boolean.
+fn syntax_hint(line: &str) -> Option<String> {
+    let (key, value) = line.split_once('=')?;
+    let (key, value) = (key.trim(), value.trim());
+    let bare = value.split('#').next().unwrap_or("").trim();
+    let starts_like_text = bare.chars().next().is_some_and(|c| c.is_alphabetic() || c == '.' || c == '/');
+    let keyword = matches!(bare, "true" | "false" | "inf" | "nan");
+    (starts_like_text && !keyword && !key.is_empty())
+        .then(|| format!("text needs quotes in TOML: write `{key} = \"{bare}\"`"))
 }
 
 fn parallelism(cx: &Ctx, p: &Option<Spanned<u32>>, default: u32, max: u32, id: &str) -> Result<u32, JobError> {
@@ -612,4 +632,21 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unquoted_text_gets_a_hint_in_plain_words() {
+        assert_eq!(syntax_hint("name = wordcount").unwrap(), "text needs quotes in TOML: write `name = \"wordcount\"`");
+        assert_eq!(
+            syntax_hint("path = ./in.txt  # input").unwrap(),
+            "text needs quotes in TOML: write `path = \"./in.txt\"`"
+        );
+        assert_eq!(syntax_hint("count = 12x"), None);
+        assert_eq!(syntax_hint("flag = true"), None);
+        assert_eq!(syntax_hint("[[source]"), None);
+    }
 }

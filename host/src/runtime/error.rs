@@ -80,6 +80,22 @@ pub enum RunError {
         /// The root cause.
         cause: TaskFailure,
     },
+    /// The same failure came from the same restore point several times in a row.
+    #[error(
+        "job `{job}` stopped after {attempts} attempt(s): it failed the same way each time from the same restore \
+         point ({from}), so restarting cannot help: a record in the input or the operator itself is at fault. \
+         Fix the operator or the input, then restore the job: {cause}"
+    )]
+    Repeated {
+        /// Job name.
+        job: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Where each attempt started: `checkpoint N` or `the beginning`.
+        from: String,
+        /// The root cause.
+        cause: Box<TaskFailure>,
+    },
     /// The restored state cannot go into the job's components (refused before starting).
     #[error("job `{job}` refused to start: {message}")]
     Incompatible {

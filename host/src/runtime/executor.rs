@@ -318,6 +318,7 @@ fn run_attempts(
     let original_path = restore.as_ref().map(|c| c.path.clone());
     let mut original_dropped = BTreeMap::new();
     let mut demoted = false;
+    let mut repeated = crate::runtime::repeated_failure::RepeatedFailure::default();
     // Checkpoints of this run have ids from here on; older ones on disk are another run's.
     let first_id = store.map_or(0, |s| s.max_id().saturating_add(1));
     loop {
@@ -383,6 +384,16 @@ fn run_attempts(
                 let Some(delay) = g.restart.delay(failures) else {
                     return Err(RunError::Failed { job: g.name.clone(), attempts: failures, cause });
                 };
+                let started_from = restore.as_ref().map(|c| c.manifest.checkpoint_id);
+                if repeated.observe(started_from, &cause.to_string()) {
+                    let from = started_from.map_or("the beginning".to_string(), |c| format!("checkpoint {c}"));
+                    return Err(RunError::Repeated {
+                        job: g.name.clone(),
+                        attempts: failures,
+                        from,
+                        cause: Box::new(cause),
+                    });
+                }
                 restore = match store {
                     // The newest checkpoint of this run, else where this run started (never a
                     // newer checkpoint another run left behind).

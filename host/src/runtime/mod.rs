@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod output;
 pub mod participant;
 pub mod priority;
+pub mod repeated_failure;
 pub mod restart;
 pub mod sink;
 pub mod source;
