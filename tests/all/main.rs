@@ -9,6 +9,7 @@ mod errors;
 mod exactly_once;
 mod examples;
 mod lang;
+mod ops;
 mod process_recovery;
 mod sandbox;
 mod savepoints;

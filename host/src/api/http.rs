@@ -38,19 +38,34 @@ impl Request {
 pub struct Response {
     /// Status code.
     pub status: u16,
-    /// JSON body.
+    /// Body (JSON unless `content_type` says otherwise).
     pub body: String,
+    /// Its media type.
+    pub content_type: &'static str,
 }
 
 impl Response {
     /// 200 with a JSON value.
     pub fn ok(v: &impl serde::Serialize) -> Self {
-        Response { status: 200, body: serde_json::to_string_pretty(v).unwrap_or_else(|_| "null".into()) }
+        Response {
+            status: 200,
+            body: serde_json::to_string_pretty(v).unwrap_or_else(|_| "null".into()),
+            content_type: "application/json",
+        }
     }
 
     /// An error status with `{"error": message}`.
     pub fn error(status: u16, message: impl Into<String>) -> Self {
-        Response { status, body: serde_json::json!({ "error": message.into() }).to_string() }
+        Response {
+            status,
+            body: serde_json::json!({ "error": message.into() }).to_string(),
+            content_type: "application/json",
+        }
+    }
+
+    /// 200 with text in the Prometheus exposition format.
+    pub fn prometheus(body: String) -> Self {
+        Response { status: 200, body, content_type: "text/plain; version=0.0.4; charset=utf-8" }
     }
 }
 

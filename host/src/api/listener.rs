@@ -312,7 +312,7 @@ fn too_large(door: FrontDoor) -> Response {
 fn reply(r: Response) -> hyper::Response<Full<Bytes>> {
     let mut resp = hyper::Response::new(Full::new(Bytes::from(r.body)));
     *resp.status_mut() = hyper::StatusCode::from_u16(r.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(r.content_type));
     resp
 }
 

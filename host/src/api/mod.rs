@@ -10,6 +10,7 @@
 pub mod client;
 pub mod http;
 pub mod listener;
+pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod tenants;

@@ -5,6 +5,7 @@
 //! GET  /v1/jobs                                   the caller's jobs' status
 //! GET  /v1/jobs/{job}                             one job's status
 //! GET  /v1/jobs/{job}/checkpoints                 its completed checkpoints' metrics
+//! GET  /metrics (or /v1/metrics)                  the caller's jobs, Prometheus text format
 //! POST /v1/jobs/{job}/savepoints   {"dir": D}     take a savepoint (D optional)
 //! POST /v1/jobs/{job}/stop         {"dir": D}     savepoint, commit, stop
 //! POST /v1/jobs/{job}/cancel                      cancel (nothing more is committed)
@@ -189,6 +190,7 @@ impl Api {
         };
         let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
         let r = match (req.method.as_str(), parts.as_slice()) {
+            ("GET", ["metrics"] | ["v1", "metrics"]) => Ok(self.metrics(tenant)),
             ("GET", ["v1", "jobs"]) => {
                 let jobs: Vec<_> = self
                     .jobs
@@ -279,6 +281,33 @@ impl Api {
 
     fn compile_lock(&self, tenant: &Tenant) -> Arc<Mutex<()>> {
         self.compiling.lock().unwrap_or_else(|p| p.into_inner()).entry(tenant.name.clone()).or_default().clone()
+    }
+
+    /// The caller's jobs in the Prometheus text format.
+    fn metrics(&self, tenant: &Tenant) -> Response {
+        let jobs: Vec<(String, ServedJob)> = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, e)| e.tenant == tenant.name)
+            .map(|(id, e)| (id.clone(), e.job.clone()))
+            .collect();
+        let rendered: Vec<crate::api::metrics::JobMetrics<'_>> = jobs
+            .iter()
+            .map(|(id, j)| crate::api::metrics::JobMetrics {
+                tenant: &tenant.name,
+                id,
+                status: j.handle.status(),
+                checkpoints: j
+                    .checkpoint_root
+                    .as_ref()
+                    .and_then(|r| std::fs::read(r.join("history.json")).ok())
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        Response::prometheus(crate::api::metrics::render(&rendered))
     }
 
     fn hosting_dir(&self, tenant: &Tenant) -> Result<PathBuf, Response> {

@@ -1,0 +1,144 @@
+//! `/metrics`: the caller's jobs in the Prometheus text exposition format (version 0.0.4), for
+//! `weir run` (its one job) and `weir serve` (a tenant's jobs; scrape with its bearer token).
+//!
+//! Pure: rendered from job statuses and checkpoint histories. Conventions: `weir_` prefix,
+//! `_total` counters, base units (seconds, bytes), labels `tenant`, `job` (the job id),
+//! `node`. Record counters count the current attempt (a restart resets them, which Prometheus'
+//! `rate()` treats as a counter reset).
+
+use std::fmt::Write;
+
+use crate::checkpoint::metadata::CheckpointMetrics;
+use crate::runtime::handle::{JobState, JobStatus};
+
+/// One job to render.
+pub struct JobMetrics<'a> {
+    /// Its tenant.
+    pub tenant: &'a str,
+    /// Its id.
+    pub id: &'a str,
+    /// Its status now.
+    pub status: JobStatus,
+    /// Its completed checkpoints, oldest first (the newest is rendered).
+    pub checkpoints: Vec<CheckpointMetrics>,
+}
+
+/// The state names of `weir_job_state`.
+const STATES: [&str; 7] = ["CREATED", "RUNNING", "RESTARTING", "FINISHED", "STOPPED", "CANCELLED", "FAILED"];
+
+fn state_name(s: &JobState) -> &'static str {
+    match s {
+        JobState::Created => "CREATED",
+        JobState::Running => "RUNNING",
+        JobState::Restarting { .. } => "RESTARTING",
+        JobState::Finished => "FINISHED",
+        JobState::Stopped { .. } => "STOPPED",
+        JobState::Cancelled => "CANCELLED",
+        JobState::Failed { .. } => "FAILED",
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Renders `jobs`.
+pub fn render(jobs: &[JobMetrics<'_>]) -> String {
+    let mut out = String::new();
+    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    let labels = |j: &JobMetrics<'_>| format!("tenant=\"{}\",job=\"{}\"", escape(j.tenant), escape(j.id));
+
+    family(&mut out, "weir_job_state", "gauge", "1 for the state the job is in, 0 for the others.");
+    for j in jobs {
+        let now = state_name(&j.status.state);
+        for s in STATES {
+            let _ = writeln!(out, "weir_job_state{{{},state=\"{s}\"}} {}", labels(j), u8::from(s == now));
+        }
+    }
+    family(&mut out, "weir_job_restarts_total", "counter", "Restarts after failures.");
+    for j in jobs {
+        let _ = writeln!(out, "weir_job_restarts_total{{{}}} {}", labels(j), j.status.attempts.saturating_sub(1));
+    }
+    family(&mut out, "weir_job_upgrades_total", "counter", "Live upgrades of operator components.");
+    for j in jobs {
+        let _ = writeln!(out, "weir_job_upgrades_total{{{}}} {}", labels(j), j.status.upgrades.len());
+    }
+    for (name, help, pick) in [
+        ("weir_records_in_total", "Records received by the node's subtasks in this attempt.", true),
+        ("weir_records_out_total", "Records emitted by the node's subtasks in this attempt.", false),
+    ] {
+        family(&mut out, name, "counter", help);
+        for j in jobs {
+            for n in &j.status.nodes {
+                let v = if pick { n.records_in } else { n.records_out };
+                let _ = writeln!(out, "{name}{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
+            }
+        }
+    }
+    family(&mut out, "weir_checkpoints_completed_total", "counter", "Checkpoints completed.");
+    for j in jobs {
+        let _ = writeln!(out, "weir_checkpoints_completed_total{{{}}} {}", labels(j), j.status.checkpoints);
+    }
+    type Pick = fn(&CheckpointMetrics) -> f64;
+    let last: [(&str, &str, Pick); 5] = [
+        ("weir_checkpoint_last_duration_seconds", "Trigger to completion of the newest checkpoint.", |m| {
+            m.duration_ms / 1e3
+        }),
+        (
+            "weir_checkpoint_last_sync_seconds",
+            "Longest synchronous part (the stream's pause) of the newest checkpoint.",
+            |m| m.sync_ms_max / 1e3,
+        ),
+        ("weir_checkpoint_last_async_seconds", "Longest asynchronous part of the newest checkpoint.", |m| {
+            m.async_ms_max / 1e3
+        }),
+        ("weir_checkpoint_last_alignment_seconds", "Longest barrier alignment of the newest checkpoint.", |m| {
+            m.alignment_ms_max / 1e3
+        }),
+        ("weir_checkpoint_last_size_bytes", "Bytes written by the newest checkpoint.", |m| m.bytes as f64),
+    ];
+    for (name, help, pick) in last {
+        family(&mut out, name, "gauge", help);
+        for j in jobs {
+            if let Some(m) = j.checkpoints.last() {
+                let _ = writeln!(out, "{name}{{{}}} {}", labels(j), pick(m));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::handle::NodeStatus;
+
+    #[test]
+    fn renders_families_with_escaped_labels() {
+        let status = JobStatus {
+            name: "wc".into(),
+            state: JobState::Running,
+            attempts: 2,
+            checkpoints: 5,
+            last_checkpoint: Some(5),
+            nodes: vec![NodeStatus {
+                uid: "count".into(),
+                parallelism: 1,
+                component: None,
+                records_in: 10,
+                records_out: 7,
+            }],
+            upgrades: vec![],
+        };
+        let m = CheckpointMetrics { id: 5, duration_ms: 250.0, bytes: 4096, ..Default::default() };
+        let text = render(&[JobMetrics { tenant: "a\"b", id: "wc-1", status, checkpoints: vec![m] }]);
+        assert!(text.contains("# TYPE weir_records_in_total counter\n"), "{text}");
+        assert!(text.contains("weir_records_in_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 10\n"), "{text}");
+        assert!(text.contains("weir_job_state{tenant=\"a\\\"b\",job=\"wc-1\",state=\"RUNNING\"} 1\n"));
+        assert!(text.contains("weir_job_restarts_total{tenant=\"a\\\"b\",job=\"wc-1\"} 1\n"));
+        assert!(text.contains("weir_checkpoint_last_duration_seconds{tenant=\"a\\\"b\",job=\"wc-1\"} 0.25\n"));
+    }
+}

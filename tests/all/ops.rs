@@ -1,0 +1,103 @@
+//! Operating Weir: `/metrics` in the Prometheus text format, read with an independent parser.
+
+use std::time::{Duration, Instant};
+
+use weir::api::http::send;
+use weir::api::server::Api;
+use weir::api::tenants::{ServerConfig, Tenant};
+
+use crate::support::{component, scratch};
+
+const OPS: &str = "ops-token-0123456789";
+const OTHER: &str = "other-token-0123456789";
+
+fn scrape(addr: &str, token: &str) -> prometheus_parse::Scrape {
+    let (s, text) = send(addr, "GET", "/metrics", token, b"", Duration::from_secs(60)).unwrap();
+    assert_eq!(s, 200, "{text}");
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text")
+}
+
+fn value(s: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    s.samples.iter().find(|x| x.metric == metric && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v))).map(|x| {
+        match x.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        }
+    })
+}
+
+#[test]
+fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
+    let d = scratch();
+    let tenant = |name: &str, token: &str| Tenant {
+        name: name.into(),
+        token: token.into(),
+        max_jobs: 2,
+        max_memory_mb: 512,
+        max_parallelism: 4,
+        max_subtasks: 12,
+        max_requests: 8,
+        max_disk_mb: 1024,
+        cpu_weight: 100,
+    };
+    let mut cfg = ServerConfig::new(
+        "127.0.0.1:0".into(),
+        d.path().join("data"),
+        vec![tenant("ops", OPS), tenant("other", OTHER)],
+    );
+    cfg.cpu_cgroup = "".into();
+    let api = Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap();
+    let server = api.serve("127.0.0.1:0").unwrap();
+    let addr = server.addr.to_string();
+    let call = |method: &str, path: &str, body: &[u8]| {
+        let (s, v) = send(&addr, method, path, OPS, body, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        serde_json::from_str::<serde_json::Value>(&v).unwrap()
+    };
+    let comp = call("POST", "/v1/components", &std::fs::read(component("test_oracle")).unwrap())["component"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = format!(
+        "[job]\nname = \"metered\"\nmax_parallelism = 16\n[limits]\nmemory_mb = 32\n\
+         [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 16\nrate = 20000\n\
+         [[operator]]\nid = \"op\"\ncomponent = \"{comp}\"\nconfig = {{ keys = \"16\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"op\" }}]\n"
+    );
+    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let labels = [("tenant", "ops"), ("job", id.as_str()), ("node", "op")];
+    let t0 = Instant::now();
+    let first = loop {
+        let s = scrape(&addr, OPS);
+        if value(&s, "weir_checkpoints_completed_total", &labels[..2]).unwrap_or(0.0) >= 1.0 {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint completed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(value(&first, "weir_job_state", &[("job", id.as_str()), ("state", "RUNNING")]), Some(1.0));
+    assert_eq!(value(&first, "weir_job_state", &[("job", id.as_str()), ("state", "FAILED")]), Some(0.0));
+    assert!(value(&first, "weir_checkpoint_last_duration_seconds", &labels[..2]).is_some_and(|v| v >= 0.0));
+    assert!(value(&first, "weir_checkpoint_last_size_bytes", &labels[..2]).is_some_and(|v| v > 0.0));
+    let before = value(&first, "weir_records_in_total", &labels).expect("records of node op");
+    // The counters move while the job runs.
+    let t0 = Instant::now();
+    loop {
+        let now = value(&scrape(&addr, OPS), "weir_records_in_total", &labels).unwrap();
+        if now > before {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "weir_records_in_total stayed at {now}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Another tenant sees none of it; no token, nothing at all.
+    let theirs = scrape(&addr, OTHER);
+    assert!(theirs.samples.iter().all(|s| s.labels.get("job") != Some(id.as_str())), "another tenant's metrics leak");
+    let (s, _) = send(&addr, "GET", "/metrics", "no-such-token-0000000", b"", Duration::from_secs(60)).unwrap();
+    assert_eq!(s, 401);
+    call("POST", &format!("/v1/jobs/{id}/cancel"), b"");
+}
