@@ -101,3 +101,70 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
     assert_eq!(s, 401);
     call("POST", &format!("/v1/jobs/{id}/cancel"), b"");
 }
+
+/// A fast source in front of a slow operator: the source's time blocked on its full output
+/// channel shows as `weir_backpressured_seconds_total` and keeps rising; the slow operator,
+/// in front of a blackhole, is blocked far less.
+#[test]
+fn ops_backpressured_time_rises_behind_a_slow_consumer() {
+    let d = scratch();
+    let mut cfg = ServerConfig::new(
+        "127.0.0.1:0".into(),
+        d.path().join("data"),
+        vec![Tenant {
+            name: "ops".into(),
+            token: OPS.into(),
+            max_jobs: 1,
+            max_memory_mb: 512,
+            max_parallelism: 4,
+            max_subtasks: 12,
+            max_requests: 8,
+            max_disk_mb: 1024,
+            cpu_weight: 100,
+        }],
+    );
+    cfg.cpu_cgroup = "".into();
+    let api = Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap();
+    let server = api.serve("127.0.0.1:0").unwrap();
+    let addr = server.addr.to_string();
+    let call = |method: &str, path: &str, body: &[u8]| {
+        let (s, v) = send(&addr, method, path, OPS, body, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        serde_json::from_str::<serde_json::Value>(&v).unwrap()
+    };
+    let comp = call("POST", "/v1/components", &std::fs::read(component("test_hostile")).unwrap())["component"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = format!(
+        "[job]\nname = \"slow\"\nmax_parallelism = 16\nchannel_capacity = 2\n[limits]\nmemory_mb = 32\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 16\n\
+         [[operator]]\nid = \"slow\"\ncomponent = \"{comp}\"\nconfig = {{ mode = \"burn\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"slow\" }}]\n"
+    );
+    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let blocked = |node: &str| {
+        value(&scrape(&addr, OPS), "weir_backpressured_seconds_total", &[("job", id.as_str()), ("node", node)])
+            .expect("a backpressure sample per node")
+    };
+    let wait_above = |node: &str, floor: f64| {
+        let t0 = Instant::now();
+        loop {
+            let v = blocked(node);
+            if v > floor {
+                return v;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(120), "{node} stayed at {v} s blocked");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let first = wait_above("gen", 0.0);
+    let later = wait_above("gen", first);
+    let slow = blocked("slow");
+    assert!(
+        slow < later,
+        "the operator in front of a blackhole is blocked far less ({slow} s) than the source ({later} s)"
+    );
+    call("POST", &format!("/v1/jobs/{id}/cancel"), b"");
+}

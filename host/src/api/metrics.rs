@@ -78,6 +78,19 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
             }
         }
     }
+    family(
+        &mut out,
+        "weir_backpressured_seconds_total",
+        "counter",
+        "Time the node's subtasks spent blocked on full output channels, summed (rate() of it is Flink's \
+         backPressuredTimeMsPerSecond / 1000, times the parallelism).",
+    );
+    for j in jobs {
+        for n in &j.status.nodes {
+            let v = n.backpressured_ms as f64 / 1e3;
+            let _ = writeln!(out, "weir_backpressured_seconds_total{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
+        }
+    }
     family(&mut out, "weir_checkpoints_completed_total", "counter", "Checkpoints completed.");
     for j in jobs {
         let _ = writeln!(out, "weir_checkpoints_completed_total{{{}}} {}", labels(j), j.status.checkpoints);
@@ -130,6 +143,7 @@ mod tests {
                 component: None,
                 records_in: 10,
                 records_out: 7,
+                backpressured_ms: 1500,
             }],
             upgrades: vec![],
         };
@@ -140,5 +154,6 @@ mod tests {
         assert!(text.contains("weir_job_state{tenant=\"a\\\"b\",job=\"wc-1\",state=\"RUNNING\"} 1\n"));
         assert!(text.contains("weir_job_restarts_total{tenant=\"a\\\"b\",job=\"wc-1\"} 1\n"));
         assert!(text.contains("weir_checkpoint_last_duration_seconds{tenant=\"a\\\"b\",job=\"wc-1\"} 0.25\n"));
+        assert!(text.contains("weir_backpressured_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 1.5\n"));
     }
 }

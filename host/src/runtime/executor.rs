@@ -357,6 +357,7 @@ fn run_attempts(
                     component: l.get(&i).map(|(f, _)| upgrade::describe(f)),
                     records_in: 0,
                     records_out: 0,
+                    backpressured_ms: 0,
                 })
                 .collect();
         }
@@ -547,7 +548,8 @@ fn run_attempt(
         for s in (0..n.parallelism).rev() {
             let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s) };
             let ins = Inputs::new(inputs[i].pop().unwrap_or_default());
-            let out = Output::new(outputs[i].pop().unwrap_or_default(), g.batch_size, 256 * 1024);
+            let out = Output::new(outputs[i].pop().unwrap_or_default(), g.batch_size, 256 * 1024)
+                .with_backpressure(metrics[i].clone());
             let (m, c) = (metrics[i].clone(), cancel.clone());
             let range = key_group_range(g.max_parallelism, n.parallelism, s);
             let restored = restored_state(i, s);

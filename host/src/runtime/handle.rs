@@ -119,6 +119,9 @@ pub struct NodeStatus {
     pub records_in: u64,
     /// Records emitted.
     pub records_out: u64,
+    /// Milliseconds its subtasks spent blocked on full output channels (summed).
+    #[serde(default)]
+    pub backpressured_ms: u64,
 }
 
 /// What `status` reports.
@@ -195,6 +198,7 @@ impl JobHandle {
         let mut st = self.status.lock().unwrap().clone();
         for (n, m) in st.nodes.iter_mut().zip(self.metrics.lock().unwrap().iter()) {
             (n.records_in, n.records_out) = m.read();
+            n.backpressured_ms = m.backpressured_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
         }
         st
     }

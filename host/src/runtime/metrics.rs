@@ -13,6 +13,9 @@ pub struct NodeMetrics {
     pub records_in: AtomicU64,
     /// Records emitted.
     pub records_out: AtomicU64,
+    /// Nanoseconds its subtasks spent blocked sending to a full channel (backpressure),
+    /// summed over subtasks.
+    pub backpressured_ns: AtomicU64,
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
     /// instead of blocking; this is their reported bound).
     pub feedback_peak_batches: AtomicU64,

@@ -3,13 +3,18 @@
 //!
 //! Invariants: records keep their order per (edge, target); control messages (watermarks,
 //! end of stream) are sent only after every pending batch is flushed, so they never
-//! overtake data.
+//! overtake data. Time spent blocked on a full channel is added to the node's backpressure
+//! counter; a send that does not block reads no clock.
 
-use crossbeam_channel::Sender;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crossbeam_channel::{Sender, TrySendError};
 
 use crate::graph::partition::{Partition, Selector, Target};
 use crate::record::{Batch, RecordRef};
 use crate::runtime::message::Message;
+use crate::runtime::metrics::NodeMetrics;
 
 /// The downstream side is gone (its task stopped): the job is being torn down.
 #[derive(Debug)]
@@ -58,12 +63,44 @@ pub struct Output {
     copies: u64,
     /// Records aimed at an edge that has already ended (a loop edge after the loop closed).
     pub dropped_after_end: u64,
+    /// The node whose backpressure counter blocked time goes to.
+    backpressure: Option<Arc<NodeMetrics>>,
+}
+
+/// Sends `m` on `tx`; if the channel is full, blocks and adds the time blocked to `counter`.
+fn send(tx: &Sender<Message>, m: Message, counter: &Option<Arc<NodeMetrics>>) -> Result<(), Disconnected> {
+    match tx.try_send(m) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Disconnected(_)) => Err(Disconnected),
+        Err(TrySendError::Full(m)) => {
+            let t = std::time::Instant::now();
+            tx.send(m).map_err(|_| Disconnected)?;
+            if let Some(c) = counter {
+                c.backpressured_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    }
 }
 
 impl Output {
     /// Sends batches once they reach `batch_records` records or `batch_bytes` bytes.
     pub fn new(edges: Vec<EdgeOutput>, batch_records: u32, batch_bytes: usize) -> Self {
-        Output { edges, batch_records, batch_bytes, records_out: 0, copies: 0, dropped_after_end: 0 }
+        Output {
+            edges,
+            batch_records,
+            batch_bytes,
+            records_out: 0,
+            copies: 0,
+            dropped_after_end: 0,
+            backpressure: None,
+        }
+    }
+
+    /// Adds the time blocked on full channels to `counter`'s backpressure time.
+    pub fn with_backpressure(mut self, counter: Arc<NodeMetrics>) -> Self {
+        self.backpressure = Some(counter);
+        self
     }
 
     /// Routes one record emitted on port `rec.tag`.
@@ -85,7 +122,7 @@ impl Output {
                     let b = &mut e.pending[index];
                     b.push(tag, rec.timestamp, rec.key, rec.value);
                     if b.len() >= limit_n || b.byte_len() >= limit_b {
-                        e.targets[index].send(Message::Data(b.take())).map_err(|_| Disconnected)?;
+                        send(&e.targets[index], Message::Data(b.take()), &self.backpressure)?;
                     }
                 }
                 Target::All => {
@@ -93,7 +130,7 @@ impl Output {
                     for (i, b) in e.pending.iter_mut().enumerate() {
                         b.push(crate::record::NO_KEY_GROUP, rec.timestamp, rec.key, rec.value);
                         if b.len() >= limit_n || b.byte_len() >= limit_b {
-                            e.targets[i].send(Message::Data(b.take())).map_err(|_| Disconnected)?;
+                            send(&e.targets[i], Message::Data(b.take()), &self.backpressure)?;
                         }
                     }
                 }
@@ -115,7 +152,7 @@ impl Output {
         for e in &mut self.edges {
             for (i, b) in e.pending.iter_mut().enumerate() {
                 if !b.is_empty() {
-                    e.targets[i].send(Message::Data(b.take())).map_err(|_| Disconnected)?;
+                    send(&e.targets[i], Message::Data(b.take()), &self.backpressure)?;
                 }
             }
         }
@@ -127,7 +164,7 @@ impl Output {
         self.flush()?;
         for e in self.edges.iter().filter(|e| !e.ended) {
             for t in &e.targets {
-                t.send(make()).map_err(|_| Disconnected)?;
+                send(t, make(), &self.backpressure)?;
             }
         }
         Ok(())
@@ -139,7 +176,7 @@ impl Output {
         self.flush()?;
         for e in self.edges.iter_mut().filter(|e| e.in_loop && !e.ended) {
             for t in &e.targets {
-                t.send(Message::EndOfStream).map_err(|_| Disconnected)?;
+                send(t, Message::EndOfStream, &self.backpressure)?;
             }
             e.ended = true;
         }
