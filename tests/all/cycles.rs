@@ -56,7 +56,7 @@ fn cycle_feedback_edge_that_closes_no_loop_is_refused() {
 }
 
 #[test]
-fn cycle_with_a_feedback_edge_validates_and_self_loops_need_the_mark() {
+fn cycle_with_a_feedback_edge_validates_and_a_self_loop_needs_the_mark() {
     let dir = scratch();
     let path = dir.path().join("job.toml");
     std::fs::write(&path, loop_job(true, "")).unwrap();

@@ -204,7 +204,7 @@ fn a_component_of_another_world_is_refused() {
 /// identical failure from the same restore point, saying so, instead of burning all 50
 /// attempts (and their delays).
 #[test]
-fn newcomer_a_record_that_fails_every_restart_stops_the_job_with_that_diagnosis() {
+fn newcomer_a_record_that_fails_every_restart_ends_the_job_with_that_diagnosis() {
     let dir = scratch();
     std::fs::write(dir.path().join("in.csv"), "a,count\nb,panic\n").unwrap();
     let job = format!(

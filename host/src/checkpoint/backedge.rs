@@ -240,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn a_back_edge_stops_logging_once_its_own_barrier_returned() {
+    fn a_back_edge_ends_logging_once_its_own_barrier_returned() {
         // Inputs: 0 regular, 1 and 2 feedback (e.g. from two subtasks of the loop).
         let mut h = LoopHead::new(vec![false, true, true]);
         assert_eq!(h.on_barrier(0, C1), HeadOutcome::StartLogging { id: C1, declined: None });
@@ -276,7 +276,7 @@ mod tests {
     }
 
     #[test]
-    fn cancellation_stops_logging() {
+    fn cancellation_ends_logging() {
         let mut h = head();
         h.on_barrier(0, C1);
         h.on_barrier(1, C1);

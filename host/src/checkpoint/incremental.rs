@@ -225,7 +225,7 @@ mod tests {
     }
 
     #[test]
-    fn folding_applies_deltas_replaces_full_groups_and_drops_absent_ones() {
+    fn folding_applies_deltas_replaces_full_groups_and_removes_absent_ones() {
         let base = vec![
             kg(0, state(&[(b"a", b"1"), (b"b", b"2")])),
             kg(1, state(&[(b"c", b"3")])),

@@ -382,7 +382,7 @@ mod tests {
     }
 
     #[test]
-    fn retain_drops_named_states() {
+    fn retain_removes_named_states() {
         let s = vec![
             NamedState { name: "a".into(), entries: vec![(vec![], vec![1])] },
             NamedState { name: "b".into(), entries: vec![(vec![], vec![2])] },

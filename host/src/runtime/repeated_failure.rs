@@ -30,7 +30,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_same_failure_from_the_same_point_stops_at_the_limit() {
+    fn the_same_failure_from_the_same_point_halts_at_the_limit() {
         let mut r = RepeatedFailure::default();
         assert!(!r.observe(Some(3), "op#0: bad record"));
         assert!(!r.observe(Some(3), "op#0: bad record"));
