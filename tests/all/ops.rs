@@ -28,38 +28,36 @@ fn value(s: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) ->
     })
 }
 
+/// A `weir serve` API in this process (no CPU groups) for tenants `(name, token)`.
+fn hosting(dir: &std::path::Path, tenants: &[(&str, &str)]) -> weir::api::server::ApiServer {
+    let tenants = tenants.iter().map(|(n, t)| Tenant { max_jobs: 2, max_disk_mb: 1024, ..Tenant::new(n, t) }).collect();
+    let mut cfg = ServerConfig::new("127.0.0.1:0".into(), dir.join("data"), tenants);
+    cfg.cpu_cgroup = "".into();
+    let api = Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap();
+    api.serve("127.0.0.1:0").unwrap()
+}
+
+/// Calls the API as tenant `ops`, expecting 200; the JSON answer.
+fn call(addr: &str, method: &str, path: &str, body: &[u8]) -> serde_json::Value {
+    let (s, v) = send(addr, method, path, OPS, body, Duration::from_secs(60)).unwrap();
+    assert_eq!(s, 200, "{method} {path}: {v}");
+    serde_json::from_str(&v).unwrap()
+}
+
+/// Uploads test component `name` as tenant `ops`; its `sha256:` name.
+fn upload(addr: &str, name: &str) -> String {
+    call(addr, "POST", "/v1/components", &std::fs::read(component(name)).unwrap())["component"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 #[test]
 fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
     let d = scratch();
-    let tenant = |name: &str, token: &str| Tenant {
-        name: name.into(),
-        token: token.into(),
-        max_jobs: 2,
-        max_memory_mb: 512,
-        max_parallelism: 4,
-        max_subtasks: 12,
-        max_requests: 8,
-        max_disk_mb: 1024,
-        cpu_weight: 100,
-    };
-    let mut cfg = ServerConfig::new(
-        "127.0.0.1:0".into(),
-        d.path().join("data"),
-        vec![tenant("ops", OPS), tenant("other", OTHER)],
-    );
-    cfg.cpu_cgroup = "".into();
-    let api = Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap();
-    let server = api.serve("127.0.0.1:0").unwrap();
+    let server = hosting(d.path(), &[("ops", OPS), ("other", OTHER)]);
     let addr = server.addr.to_string();
-    let call = |method: &str, path: &str, body: &[u8]| {
-        let (s, v) = send(&addr, method, path, OPS, body, Duration::from_secs(60)).unwrap();
-        assert_eq!(s, 200, "{method} {path}: {v}");
-        serde_json::from_str::<serde_json::Value>(&v).unwrap()
-    };
-    let comp = call("POST", "/v1/components", &std::fs::read(component("test_oracle")).unwrap())["component"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let comp = upload(&addr, "test_oracle");
     let job = format!(
         "[job]\nname = \"metered\"\nmax_parallelism = 16\n[limits]\nmemory_mb = 32\n\
          [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
@@ -68,7 +66,7 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
          inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
          [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"op\" }}]\n"
     );
-    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let id = call(&addr, "POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
     let labels = [("tenant", "ops"), ("job", id.as_str()), ("node", "op")];
     let t0 = Instant::now();
     let first = loop {
@@ -99,7 +97,7 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
     assert!(theirs.samples.iter().all(|s| s.labels.get("job") != Some(id.as_str())), "another tenant's metrics leak");
     let (s, _) = send(&addr, "GET", "/metrics", "no-such-token-0000000", b"", Duration::from_secs(60)).unwrap();
     assert_eq!(s, 401);
-    call("POST", &format!("/v1/jobs/{id}/cancel"), b"");
+    call(&addr, "POST", &format!("/v1/jobs/{id}/cancel"), b"");
 }
 
 /// A fast source in front of a slow operator: the source's time blocked on its full output
@@ -108,34 +106,9 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
 #[test]
 fn ops_backpressured_time_rises_behind_a_slow_consumer() {
     let d = scratch();
-    let mut cfg = ServerConfig::new(
-        "127.0.0.1:0".into(),
-        d.path().join("data"),
-        vec![Tenant {
-            name: "ops".into(),
-            token: OPS.into(),
-            max_jobs: 1,
-            max_memory_mb: 512,
-            max_parallelism: 4,
-            max_subtasks: 12,
-            max_requests: 8,
-            max_disk_mb: 1024,
-            cpu_weight: 100,
-        }],
-    );
-    cfg.cpu_cgroup = "".into();
-    let api = Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap();
-    let server = api.serve("127.0.0.1:0").unwrap();
+    let server = hosting(d.path(), &[("ops", OPS)]);
     let addr = server.addr.to_string();
-    let call = |method: &str, path: &str, body: &[u8]| {
-        let (s, v) = send(&addr, method, path, OPS, body, Duration::from_secs(60)).unwrap();
-        assert_eq!(s, 200, "{method} {path}: {v}");
-        serde_json::from_str::<serde_json::Value>(&v).unwrap()
-    };
-    let comp = call("POST", "/v1/components", &std::fs::read(component("test_hostile")).unwrap())["component"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let comp = upload(&addr, "test_hostile");
     let job = format!(
         "[job]\nname = \"slow\"\nmax_parallelism = 16\nchannel_capacity = 2\n[limits]\nmemory_mb = 32\n\
          [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 16\n\
@@ -143,7 +116,7 @@ fn ops_backpressured_time_rises_behind_a_slow_consumer() {
          inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
          [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"slow\" }}]\n"
     );
-    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let id = call(&addr, "POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
     let blocked = |node: &str| {
         // No sample yet while the job is still starting (its nodes are listed once it runs).
         value(&scrape(&addr, OPS), "weir_backpressured_seconds_total", &[("job", id.as_str()), ("node", node)])
@@ -167,5 +140,5 @@ fn ops_backpressured_time_rises_behind_a_slow_consumer() {
         slow < later,
         "the operator in front of a blackhole is blocked far less ({slow} s) than the source ({later} s)"
     );
-    call("POST", &format!("/v1/jobs/{id}/cancel"), b"");
+    call(&addr, "POST", &format!("/v1/jobs/{id}/cancel"), b"");
 }

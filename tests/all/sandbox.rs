@@ -211,15 +211,12 @@ mod server {
     fn sandbox_server_isolates_tenants_and_refuses_quota_breaches_at_submission() {
         let d = scratch();
         let tenant = |name: &str, token: &str| Tenant {
-            name: name.into(),
-            token: token.into(),
             max_jobs: 2,
             max_memory_mb: 512,
             max_parallelism: 4,
             max_subtasks: 12,
-            max_requests: 8,
             max_disk_mb: 1024,
-            cpu_weight: 100,
+            ..Tenant::new(name, token)
         };
         let cfg = ServerConfig::new(
             "127.0.0.1:0".into(),
@@ -368,15 +365,13 @@ mod front_door {
 
     fn server(d: &Path, tweak: impl FnOnce(&mut ServerConfig)) -> weir::api::server::ApiServer {
         let tenant = |name: &str, token: &str| Tenant {
-            name: name.into(),
-            token: token.into(),
             max_jobs: 1,
             max_memory_mb: 64,
             max_parallelism: 1,
             max_subtasks: 4,
             max_requests: 2,
             max_disk_mb: 1,
-            cpu_weight: 100,
+            ..Tenant::new(name, token)
         };
         let mut cfg =
             ServerConfig::new("127.0.0.1:0".into(), d.join("data"), vec![tenant("good", GOOD), tenant("evil", EVIL)]);

@@ -89,6 +89,21 @@ fn default_cpu_weight() -> u32 {
 }
 
 impl Tenant {
+    /// A tenant with the default quotas (as `server.toml` gives one that sets none).
+    pub fn new(name: &str, token: &str) -> Self {
+        Tenant {
+            name: name.into(),
+            token: token.into(),
+            max_jobs: default_max_jobs(),
+            max_memory_mb: default_max_memory_mb(),
+            max_parallelism: default_max_parallelism(),
+            max_subtasks: default_max_subtasks(),
+            max_requests: default_max_requests(),
+            max_disk_mb: default_max_disk_mb(),
+            cpu_weight: default_cpu_weight(),
+        }
+    }
+
     /// The one tenant of a single-job API (`weir run`): no quotas to speak of.
     pub fn local(token: String) -> Self {
         Tenant {

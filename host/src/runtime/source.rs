@@ -165,7 +165,7 @@ impl SourceTask {
     /// Tests: the input ends only after every fault planned for this attempt fired (the
     /// failure cancels the attempt; see `runtime::faults`) and while the test holds it;
     /// meanwhile checkpoints, savepoints and stops go on.
-    fn hold_for_faults(&mut self) -> Result<Flow, TaskFailure> {
+    fn hold_end_of_input(&mut self) -> Result<Flow, TaskFailure> {
         let faults = self.faults.clone();
         let gate = self.hold_input.clone();
         let held = || {
@@ -224,7 +224,7 @@ impl SourceTask {
                 self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
             }
         }
-        if let Flow::Stop = self.hold_for_faults()? {
+        if let Flow::Stop = self.hold_end_of_input()? {
             return Ok(());
         }
         if let Flow::Stop = self.poll_control()? {
