@@ -10,7 +10,8 @@
 //! - [`runtime`]: subtasks on threads, bounded channels, input selection, output routing;
 //! - [`sandbox`]: wasmtime, the WIT bindings, host imports, operator instances;
 //! - [`connectors`]: host-native sources and sinks;
-//! - [`api`]: the control API (HTTP, JSON) over running jobs.
+//! - [`api`]: the control API (HTTP, JSON) over running jobs;
+//! - [`scaffold`]: operator projects outside the repository (`weir new`, `weir build`).
 //!
 //! See `ARCHITECTURE.md` at the repository root for the map.
 
@@ -28,3 +29,4 @@ pub mod operator;
 pub mod record;
 pub mod runtime;
 pub mod sandbox;
+pub mod scaffold;

@@ -9,6 +9,7 @@ mod errors;
 mod exactly_once;
 mod examples;
 mod lang;
+mod newcomer;
 mod ops;
 mod process_recovery;
 mod sandbox;

@@ -8,6 +8,7 @@
 //! a row.
 
 pub mod report;
+pub mod startup;
 pub mod variant;
 
 use std::path::{Path, PathBuf};

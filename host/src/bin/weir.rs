@@ -15,16 +15,17 @@ use weir::job;
 use weir::runtime::executor::{self, RestoreFrom, RunOptions, human};
 use weir::runtime::handle::JobHandle;
 use weir::sandbox::engine::new_engine;
+use weir::scaffold;
 
 /// Weir runs stream processing jobs whose operators are sandboxed WebAssembly components.
 ///
 /// A job file (TOML) names sources, WASM operators and sinks and how records flow between
-/// them. Start with the wordcount example:
+/// them. Start with an operator of your own, in rust, c, js or python:
 ///
-///   cargo build --profile guest --target wasm32-unknown-unknown -p wordcount-tokenizer -p wordcount-counter
-///   weir run examples/wordcount/job.toml
+///   weir new my-counter --lang python
+///   cd my-counter && weir build && weir run job.toml    # or: bash test.sh
 ///
-/// See README.md for the job file reference and how to write operators.
+/// See README.md for the job file reference and docs/operators/ for each language.
 #[derive(Parser)]
 #[command(name = "weir", version, verbatim_doc_comment)]
 struct Cli {
@@ -76,9 +77,13 @@ enum Command {
     /// from the job files in `examples/bench/`, each configuration in a fresh process, and
     /// print the tables (see docs/benchmarks.md).
     Bench {
-        /// `j1`, `j3`, `latency` or `all`.
+        /// `j1`, `j3`, `latency`, `all` (those three), or `startup` (job start with and
+        /// without the compile cache, from fresh `weir new` projects).
         #[arg(default_value = "all")]
         scenario: String,
+        /// `startup`: the languages (comma-separated: rust, c, js, python).
+        #[arg(long, value_delimiter = ',', default_value = "python")]
+        lang: Vec<scaffold::Language>,
         /// Directory of j1.toml, j3.toml and latency.toml.
         #[arg(long, default_value = "examples/bench")]
         dir: PathBuf,
@@ -156,6 +161,32 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointsCommand,
     },
+    /// Create an operator project in a new directory NAME (anywhere): a keyed counter in
+    /// LANG, a job file running it on a sample input, the expected output and test.sh.
+    New {
+        /// Operator name, also the directory: lower-case letters, digits, `-`, `_`.
+        name: String,
+        /// rust, c, js or python.
+        #[arg(long, value_name = "LANG")]
+        lang: scaffold::Language,
+        /// Create the project here instead of ./NAME.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// The Weir checkout whose SDKs to use (default: $WEIR_SDK, else the checkout this
+        /// binary was built from).
+        #[arg(long, value_name = "DIR")]
+        sdk: Option<PathBuf>,
+    },
+    /// Build the operator project in DIR (default: .) into build/<name>.wasm, installing the
+    /// language's toolchain on first use, and check that Weir can load it.
+    Build {
+        /// The project directory (with operator.toml).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// The Weir checkout whose SDKs to use (default: $WEIR_SDK, else the one operator.toml names).
+        #[arg(long, value_name = "DIR")]
+        sdk: Option<PathBuf>,
+    },
     /// Check a job file and its components without running it.
     Validate {
         /// The job file.
@@ -178,6 +209,19 @@ enum CheckpointsCommand {
     },
 }
 
+fn new_project(name: &str, lang: scaffold::Language, dir: Option<PathBuf>, sdk: Option<PathBuf>) -> Result<()> {
+    let sdk = scaffold::resolve_sdk(sdk.as_deref(), None)?;
+    let dir = dir.unwrap_or_else(|| PathBuf::from(name));
+    let files = scaffold::new(&dir, name, lang, &sdk)?;
+    println!("created {} ({lang} operator `{name}`, SDK {}):", dir.display(), sdk.display());
+    for f in files {
+        println!("  {}", f.display());
+    }
+    println!("next:\n  cd {} && weir build && weir run job.toml    # or: bash test.sh", dir.display());
+    println!("guide: {}", sdk.join(lang.guide()).display());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match real_main(cli) {
@@ -191,7 +235,28 @@ fn main() -> ExitCode {
 
 fn real_main(cli: Cli) -> Result<()> {
     let cli_server = cli.server.clone().zip(cli.token.clone());
+    // Compiled components persist across runs (a job starts in milliseconds the second
+    // time); `weir serve` keeps its own cache in its data directory instead.
+    if !matches!(cli.command, Command::Serve { .. })
+        && let Some(cache) = weir::sandbox::disk_cache::from_env(&registry::home())
+    {
+        weir::sandbox::disk_cache::install(cache);
+    }
     match cli.command {
+        Command::New { name, lang, dir, sdk } => new_project(&name, lang, dir, sdk),
+        Command::Build { dir, sdk } => {
+            let built = scaffold::build::build(&dir, sdk.as_deref())?;
+            let info = &built.component.info;
+            let states: Vec<&str> = info.states.iter().map(|s| s.name.as_str()).collect();
+            println!(
+                "built {} ({} {}, states: {})",
+                built.path.display(),
+                info.name,
+                info.version,
+                if states.is_empty() { "none".into() } else { states.join(", ") }
+            );
+            Ok(())
+        }
         Command::Validate { job } => {
             let graph = job::load(&job)?;
             let engine =
@@ -270,6 +335,14 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Serve { config } => {
             let cfg = weir::api::tenants::ServerConfig::load(&config).map_err(anyhow::Error::msg)?;
+            // Outside every tenant's directory (tenant names cannot start with a dot).
+            let cache_dir = cfg.data_dir.join(".compile-cache");
+            if std::env::var_os("WEIR_COMPILE_CACHE").is_none_or(|v| v != "off")
+                && let Some(cache) =
+                    weir::sandbox::disk_cache::DiskCache::open(cache_dir, weir::sandbox::disk_cache::DEFAULT_MAX_BYTES)
+            {
+                weir::sandbox::disk_cache::install(cache);
+            }
             let opts = weir::sandbox::engine::EngineOptions { pooling: true, ..Default::default() };
             let engine = weir::sandbox::engine::engine_with(opts)
                 .map_err(|e| anyhow::anyhow!("{e:#}"))
@@ -377,7 +450,7 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Bench { scenario, dir, runs, records, latency_secs } => {
+        Command::Bench { scenario, dir, runs, records, latency_secs, lang } => {
             let opts = weir::bench::BenchOptions {
                 exe: std::env::current_exe().context("locating the weir executable")?,
                 dir,
@@ -385,6 +458,10 @@ fn real_main(cli: Cli) -> Result<()> {
                 j1_records: records,
                 latency_secs: latency_secs.max(2),
             };
+            if scenario == "startup" {
+                println!("# weir bench startup: {} cores", std::thread::available_parallelism().map_or(1, |p| p.get()));
+                return Ok(weir::bench::startup::startup(&opts, &lang)?);
+            }
             weir::bench::check_components(&opts.dir)?;
             println!(
                 "# weir bench {scenario}: {} cores, {}",
@@ -394,7 +471,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let max = match scenario.as_str() {
                 "j1" | "all" => Some(weir::bench::j1(&opts)?),
                 "j3" | "latency" => None,
-                other => anyhow::bail!("unknown benchmark `{other}`; use j1, j3, latency or all"),
+                other => anyhow::bail!("unknown benchmark `{other}`; use j1, j3, latency, all or startup"),
             };
             if matches!(scenario.as_str(), "j3" | "all") {
                 weir::bench::j3(&opts)?;

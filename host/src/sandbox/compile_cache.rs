@@ -8,7 +8,8 @@
 //! process runs one; a compiled component keeps its engine alive, so entries of an engine
 //! that is no longer used are dropped as soon as another engine compiles). Callers that serve several
 //! tenants also serialize each tenant's own compilations (`api::server`), so one tenant's huge
-//! component holds one slot, never all of them.
+//! component holds one slot, never all of them. Below this cache, the process's
+//! [`super::disk_cache`] (when installed) keeps artifacts across processes.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -58,9 +59,19 @@ pub fn compile(engine: &Engine, sha256: &str, bytes: &[u8]) -> wasmtime::Result<
             return Ok(e.component.clone());
         }
     }
-    let component = {
-        let _slot = Slot::take(c);
-        Component::new(engine, bytes)?
+    let disk = crate::sandbox::disk_cache::installed();
+    let component = match disk.and_then(|d| d.load(engine, sha256)) {
+        Some(component) => component,
+        None => {
+            let component = {
+                let _slot = Slot::take(c);
+                Component::new(engine, bytes)?
+            };
+            if let Some(d) = disk {
+                d.store(engine, sha256, &component);
+            }
+            component
+        }
     };
     let mut entries = c.entries.lock().unwrap_or_else(|p| p.into_inner());
     entries.retain(|e| Engine::same(&e.engine, engine));

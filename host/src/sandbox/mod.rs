@@ -2,6 +2,7 @@
 
 pub mod bindings;
 pub mod compile_cache;
+pub mod disk_cache;
 pub mod engine;
 pub mod guest_text;
 pub mod host;
