@@ -37,6 +37,20 @@ static void out_bytes(const uint8_t *p, size_t n) { out_reserve(n); memcpy(g_out
 
 static void set_err(operator_string_t *err, const char *msg) { operator_string_dup(err, msg); }
 
+/* `record <index>: <msg>`: names the failing record's position in the batch, which the host
+ * turns into its key, timestamp and origin (see wit/operator.wit). No stdio. */
+static void set_record_err(operator_string_t *err, uint32_t index, const char *msg) {
+    size_t mlen = strlen(msg);
+    uint8_t *s = malloc(7 + 20 + 2 + mlen);
+    memcpy(s, "record ", 7);
+    size_t len = 7 + weir_fmt_u64(index, s + 7);
+    s[len++] = ':';
+    s[len++] = ' ';
+    memcpy(s + len, msg, mlen);
+    operator_string_dup_n(err, (const char *)s, len + mlen);
+    free(s);
+}
+
 /* Error messages without stdio (which would import WASI): appends strings and numbers. */
 static char g_msg[512];
 static size_t g_msg_len;
@@ -122,6 +136,7 @@ bool exports_operator_process(operator_list_u8_t *batch, operator_string_t *err)
     size_t pos = 0, n = batch->len;
     weir_ctx ctx = { NULL, NULL };
     bool ok = true;
+    uint32_t index = 0;
     while (pos + 20 <= n) {
         weir_record r;
         uint32_t klen, vlen;
@@ -136,10 +151,11 @@ bool exports_operator_process(operator_list_u8_t *batch, operator_string_t *err)
         pos += 20 + (size_t)klen + vlen;
         ctx.rec = &r;
         if (weir_on_record(&ctx, &r) != 0) {
-            set_err(err, ctx.error ? ctx.error : "the operator failed");
+            set_record_err(err, index, ctx.error ? ctx.error : "the operator failed");
             ok = false;
             break;
         }
+        index++;
     }
     operator_list_u8_free(batch);
     flush();

@@ -195,7 +195,7 @@ export function operator(spec) {
     },
     process(batch) {
       const dv = new DataView(batch.buffer, batch.byteOffset, batch.byteLength);
-      let pos = 0;
+      let pos = 0, index = 0;
       while (pos < batch.length) {
         const keyGroup = dv.getUint32(pos, true);
         const lo = dv.getUint32(pos + 4, true), hi = dv.getInt32(pos + 8, true);
@@ -206,7 +206,15 @@ export function operator(spec) {
         const value = batch.subarray(pos + 20 + klen, pos + 20 + klen + vlen);
         pos += 20 + klen + vlen;
         current = { keyGroup, timestamp, key, value, k: keyString(key) };
-        spec.process(ctx, current);
+        try {
+          spec.process(ctx, current);
+        } catch (e) {
+          // Names the record (the host shows its key and origin); what came before stands.
+          current = null;
+          flush();
+          throw new Error(`record ${index}: ${e && e.message !== undefined ? e.message : e}`);
+        }
+        index++;
       }
       current = null;
       flush();

@@ -82,13 +82,18 @@ pub fn open<Op: Operator>(slot: &Slot<Op>, config: Vec<(String, String)>) -> Res
     Ok(())
 }
 
-/// Runs `f` for every record of `batch` with the record's [`Context`], then flushes emits.
+/// Runs `f` for every record of `batch` with the record's [`Context`], then flushes emits
+/// (also after an error: what the records before the failing one emitted stands). With
+/// `name_record`, an error starts with `record <i>: ` (its position in the batch), which the
+/// host turns into the record's key, timestamp and origin (see `wit/operator.wit`).
 fn for_each_record<Op: Operator>(
     slot: &Slot<Op>,
     batch: &[u8],
+    name_record: bool,
     mut f: impl FnMut(&mut Op, &mut Context<'_>, crate::Record<'_>) -> Result<()>,
 ) -> Result<(), String> {
     let inst = slot.instance()?;
+    let mut index = 0u32;
     let mut run = || {
         let mut reader = RecordReader::new(batch);
         while let Some(rec) = reader.next_record()? {
@@ -100,27 +105,28 @@ fn for_each_record<Op: Operator>(
                 timestamp: rec.timestamp,
             };
             f(&mut inst.op, &mut ctx, rec)?;
+            index += 1;
         }
         Ok::<(), Error>(())
     };
     let r = run();
     inst.rt.flush();
-    r.map_err(|e| e.to_string())
+    r.map_err(|e| if name_record { format!("record {index}: {e}") } else { e.to_string() })
 }
 
 /// `process` export of a one-input operator, `process-left` of a two-input one.
 pub fn process<Op: Operator>(slot: &Slot<Op>, batch: Vec<u8>) -> Result<(), String> {
-    for_each_record(slot, &batch, |op, ctx, rec| op.process(ctx, rec))
+    for_each_record(slot, &batch, true, |op, ctx, rec| op.process(ctx, rec))
 }
 
 /// `process-right` export of a two-input operator.
 pub fn process_right<Op: CoOperator>(slot: &Slot<Op>, batch: Vec<u8>) -> Result<(), String> {
-    for_each_record(slot, &batch, |op, ctx, rec| op.process_right(ctx, rec))
+    for_each_record(slot, &batch, true, |op, ctx, rec| op.process_right(ctx, rec))
 }
 
 /// `on-timer` export: the batch holds the fired timers (tag = key group, ts = time).
 pub fn on_timer<Op: Operator>(slot: &Slot<Op>, domain: TimeDomain, timers: Vec<u8>) -> Result<(), String> {
-    for_each_record(slot, &timers, |op, ctx, _| op.on_timer(ctx, domain))
+    for_each_record(slot, &timers, false, |op, ctx, _| op.on_timer(ctx, domain))
 }
 
 /// `on-watermark` export.

@@ -243,7 +243,10 @@ fn boundary_guest_errors_are_reported_not_trapped() {
     let c = probe();
     let mut i = instance(&c, 1, 0);
     let e = i.process(Side::Left, &keyed(&[("a", "error")])).unwrap_err();
-    assert!(matches!(&e, GuestError::Failed { message, .. } if message == "probe failed on request"), "{e}");
+    assert!(matches!(&e, GuestError::Failed { message, .. } if message == "record 0: probe failed on request"), "{e}");
+    // The SDK names the failing record's position in the batch (wit/operator.wit, `process`).
+    let e = i.process(Side::Left, &keyed(&[("a", "count"), ("b", "count"), ("c", "error")])).unwrap_err();
+    assert!(matches!(&e, GuestError::Failed { message, .. } if message == "record 2: probe failed on request"), "{e}");
     let e = i.process(Side::Left, &keyed(&[("a", "nonsense")])).unwrap_err();
     assert!(e.to_string().contains("unknown probe command `nonsense`"), "{e}");
 }

@@ -12,6 +12,7 @@ mod lang;
 mod newcomer;
 mod ops;
 mod process_recovery;
+mod record_errors;
 mod sandbox;
 mod savepoints;
 mod support;

@@ -219,12 +219,19 @@ class Operator(wit_world.WitWorld):
             b = memoryview(batch)
             pos, end = 0, len(batch)
             ctx = _G.ctx
+            i = 0
             while pos < end:
                 tag, ts, klen, vlen = _HEAD.unpack_from(b, pos)
                 k0 = pos + 20
                 ctx.record = Record(tag, ts, bytes(b[k0 : k0 + klen]), bytes(b[k0 + klen : k0 + klen + vlen]))
                 pos = k0 + klen + vlen
-                self.on_record(ctx, ctx.record)
+                try:
+                    self.on_record(ctx, ctx.record)
+                except Exception as e:  # names the record (the host shows its key and origin)
+                    ctx.record = None
+                    self._flush()
+                    raise Err(f"record {i}: {type(e).__name__}: {e}")
+                i += 1
             ctx.record = None
             self._flush()
 

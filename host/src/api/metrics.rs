@@ -91,6 +91,23 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
             let _ = writeln!(out, "weir_backpressured_seconds_total{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
         }
     }
+    family(
+        &mut out,
+        "weir_dead_letters_total",
+        "counter",
+        "Records the operator returned an error for, sent to its dead-letter output (on_error = \"dead-letter\").",
+    );
+    for j in jobs {
+        for n in &j.status.nodes {
+            let _ = writeln!(
+                out,
+                "weir_dead_letters_total{{{},node=\"{}\"}} {}",
+                labels(j),
+                escape(&n.uid),
+                n.dead_letters
+            );
+        }
+    }
     family(&mut out, "weir_checkpoints_completed_total", "counter", "Checkpoints completed.");
     for j in jobs {
         let _ = writeln!(out, "weir_checkpoints_completed_total{{{}}} {}", labels(j), j.status.checkpoints);
@@ -144,6 +161,7 @@ mod tests {
                 records_in: 10,
                 records_out: 7,
                 backpressured_ms: 1500,
+                dead_letters: 2,
             }],
             upgrades: vec![],
         };
@@ -155,5 +173,6 @@ mod tests {
         assert!(text.contains("weir_job_restarts_total{tenant=\"a\\\"b\",job=\"wc-1\"} 1\n"));
         assert!(text.contains("weir_checkpoint_last_duration_seconds{tenant=\"a\\\"b\",job=\"wc-1\"} 0.25\n"));
         assert!(text.contains("weir_backpressured_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 1.5\n"));
+        assert!(text.contains("weir_dead_letters_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 2\n"));
     }
 }

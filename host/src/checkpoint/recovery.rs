@@ -390,8 +390,11 @@ mod tests {
         );
         let mut g = crate::job::parse(std::path::Path::new("/x/job.toml"), &src).unwrap();
         // Turn the sink into an operator node for mapping purposes.
-        g.nodes[1].kind =
-            NodeKind::Operator(crate::graph::logical::OperatorNode { component: "/x".into(), config: vec![] });
+        g.nodes[1].kind = NodeKind::Operator(crate::graph::logical::OperatorNode {
+            component: "/x".into(),
+            config: vec![],
+            on_error: Default::default(),
+        });
         g.nodes[1].id = crate::ids::NodeId::new("op");
         g
     }

@@ -181,7 +181,25 @@ pub struct OperatorNode {
     pub component: PathBuf,
     /// The `config` table, as strings.
     pub config: Vec<(String, String)>,
+    /// What a record the operator returns an error for does.
+    pub on_error: OnError,
 }
+
+/// `on_error` of an operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// The subtask fails; the job restarts from its last checkpoint (or stops, when the
+    /// same record fails again and again).
+    #[default]
+    Fail,
+    /// The record goes to the operator's `dead-letter` output (key, value and timestamp as
+    /// they arrived) with a warning naming it and the error, and processing goes on with the
+    /// next record. Only for errors the operator returns naming the record; a trap still fails.
+    DeadLetter,
+}
+
+/// The output name of an operator's dead letters.
+pub const DEAD_LETTER: &str = "dead-letter";
 
 /// How sinks write records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

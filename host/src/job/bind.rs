@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use wasmtime::Engine;
 
-use crate::graph::logical::{JobGraph, NodeKind, Side};
+use crate::graph::logical::{DEAD_LETTER, JobGraph, NodeKind, OnError, Side};
 use crate::graph::partition::Partition;
 use crate::job::JobError;
 use crate::operator::OperatorFactory;
@@ -87,16 +87,36 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
     for e in &mut graph.edges {
         let Some(name) = &e.output else { continue };
         let c = &components[&e.from];
+        let dead_letters =
+            matches!(&graph.nodes[e.from].kind, NodeKind::Operator(o) if o.on_error == OnError::DeadLetter);
         match c.info().side_outputs.iter().position(|s| s == name) {
+            Some(_) if dead_letters && name == DEAD_LETTER => {
+                return Err(JobError {
+                    file: graph.file.clone(),
+                    line: Some(e.line),
+                    message: format!(
+                        "`{}` declares a side output named `{DEAD_LETTER}`, which `on_error = \"dead-letter\"` uses for \
+                         its dead letters; rename the side output or drop on_error",
+                        graph.nodes[e.from].id
+                    ),
+                }
+                .into());
+            }
             Some(p) => e.port = p as u32 + 1,
+            None if dead_letters && name == DEAD_LETTER => e.port = c.info().side_outputs.len() as u32 + 1,
             None => {
                 return Err(JobError {
                     file: graph.file.clone(),
                     line: Some(e.line),
                     message: format!(
-                        "`{}` has no side output `{name}`; it declares: [{}]",
+                        "`{}` has no side output `{name}`; it declares: [{}]{}",
                         graph.nodes[e.from].id,
-                        c.info().side_outputs.join(", ")
+                        c.info().side_outputs.join(", "),
+                        if name == DEAD_LETTER {
+                            " (dead letters need `on_error = \"dead-letter\"` on the operator)"
+                        } else {
+                            ""
+                        }
                     ),
                 }
                 .into());

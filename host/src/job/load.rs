@@ -11,8 +11,8 @@ use toml::Spanned;
 
 use crate::checkpoint::coordinator::CheckpointSettings;
 use crate::graph::logical::{
-    CheckpointConfig, Edge, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OperatorNode, Side, SinkFormat,
-    SinkKind, SourceKind,
+    CheckpointConfig, Edge, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OnError, OperatorNode, Side,
+    SinkFormat, SinkKind, SourceKind,
 };
 use crate::graph::partition::Partition;
 use crate::ids::NodeId;
@@ -276,8 +276,23 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             );
         }
         let config = o.config.iter().map(|(k, v)| (k.clone(), config_string(v))).collect();
+        let on_error = match o.on_error.as_ref().map(|s| s.get_ref().as_str()) {
+            None | Some("fail") => OnError::Fail,
+            Some("dead-letter") => OnError::DeadLetter,
+            Some(other) => {
+                return cx.err(
+                    o.on_error.as_ref().unwrap().span(),
+                    format!("operator `{id}`: unknown on_error `{other}`; use \"fail\" or \"dead-letter\""),
+                );
+            }
+        };
         let line = cx.line(o.id.span()).unwrap_or(0);
-        nodes.push(Node { id, parallelism: p, kind: NodeKind::Operator(OperatorNode { component, config }), line });
+        nodes.push(Node {
+            id,
+            parallelism: p,
+            kind: NodeKind::Operator(OperatorNode { component, config, on_error }),
+            line,
+        });
     }
     for s in &spec.sink {
         let id = add_id(cx, &s.id)?;

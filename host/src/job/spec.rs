@@ -139,6 +139,9 @@ pub struct OperatorSpec {
     /// Handed to the operator's `open` as strings.
     #[serde(default)]
     pub config: BTreeMap<String, toml::Value>,
+    /// `fail` (default) or `dead-letter`: what a record the operator returns an error for does.
+    #[serde(default)]
+    pub on_error: Option<Spanned<String>>,
 }
 
 /// `[[sink]]`

@@ -35,6 +35,7 @@ use crate::job::bind::BoundJob;
 use crate::keygroup::key_group_range;
 use crate::operator::OperatorFactory;
 use crate::runtime::error::{RunError, TaskFailure};
+use crate::runtime::failed_record::Origin;
 use crate::runtime::faults::FaultPlan;
 use crate::runtime::handle::{Endpoint, JobState, NodeStatus, Request, SavepointInfo};
 use crate::runtime::input::{InputChannel, Inputs};
@@ -358,6 +359,7 @@ fn run_attempts(
                     records_in: 0,
                     records_out: 0,
                     backpressured_ms: 0,
+                    dead_letters: 0,
                 })
                 .collect();
         }
@@ -492,7 +494,12 @@ fn run_attempt(
                 // A back-edge never blocks its sender, so a loop cannot deadlock under
                 // backpressure; its backlog is bounded by the loop's work and reported.
                 let (tx, rx) = if back { unbounded() } else { bounded(g.channel_capacity) };
-                inputs[e.to][d as usize].push(InputChannel::new(rx, e.side).feedback(back));
+                let file = match &g.nodes[e.from].kind {
+                    NodeKind::Source(SourceKind::File { path, .. }) => Some(path.clone()),
+                    _ => None,
+                };
+                let origin = Origin { node: g.nodes[e.from].id.to_string(), subtask: u, file };
+                inputs[e.to][d as usize].push(InputChannel::new(rx, e.side).feedback(back).from(origin));
                 txs.push(tx);
             }
             let out = EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, u as usize).in_loop(in_loop);
@@ -612,6 +619,8 @@ fn run_attempt(
                         .map_or(component.info().schema_version, |c| c.schema_version);
                     let restore = restored.map(|state| Restore { schema_version, state });
                     let config = op.config.clone();
+                    let dead_letter = (op.on_error == crate::graph::logical::OnError::DeadLetter)
+                        .then(|| component.info().side_outputs.len() as u32 + 1);
                     let limits = g.limits;
                     let quiet = opts.quiet_guests;
                     let faults = opts.faults.clone().map(|plan| Faults { plan, attempt });
@@ -641,6 +650,7 @@ fn run_attempt(
                             draining: None,
                             ledger: crate::checkpoint::evidence::GroupLedger::new(range.start, range.end),
                             upgrade: None,
+                            dead_letter,
                         })
                     }))
                 }

@@ -122,6 +122,9 @@ pub struct NodeStatus {
     /// Milliseconds its subtasks spent blocked on full output channels (summed).
     #[serde(default)]
     pub backpressured_ms: u64,
+    /// Records the operator failed on, sent to its dead-letter output.
+    #[serde(default)]
+    pub dead_letters: u64,
 }
 
 /// What `status` reports.
@@ -199,6 +202,7 @@ impl JobHandle {
         for (n, m) in st.nodes.iter_mut().zip(self.metrics.lock().unwrap().iter()) {
             (n.records_in, n.records_out) = m.read();
             n.backpressured_ms = m.backpressured_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
+            n.dead_letters = m.dead_letters.load(std::sync::atomic::Ordering::Relaxed);
         }
         st
     }

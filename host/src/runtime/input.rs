@@ -20,6 +20,8 @@ pub struct InputChannel {
     pub side: Side,
     /// A back-edge of a loop (unbounded, never parked).
     pub feedback: bool,
+    /// Where its records come from (to name a record an operator fails on).
+    pub origin: Option<std::sync::Arc<crate::runtime::failed_record::Origin>>,
     watermark: i64,
     done: bool,
 }
@@ -27,7 +29,13 @@ pub struct InputChannel {
 impl InputChannel {
     /// Wraps a receiver.
     pub fn new(rx: Receiver<Message>, side: Side) -> Self {
-        InputChannel { rx, side, feedback: false, watermark: i64::MIN, done: false }
+        InputChannel { rx, side, feedback: false, origin: None, watermark: i64::MIN, done: false }
+    }
+
+    /// Says where its records come from.
+    pub fn from(mut self, origin: crate::runtime::failed_record::Origin) -> Self {
+        self.origin = Some(std::sync::Arc::new(origin));
+        self
     }
 
     /// Marks it a back-edge.
@@ -61,6 +69,11 @@ impl Inputs {
     /// Reads `channels`.
     pub fn new(channels: Vec<InputChannel>) -> Self {
         Inputs { channels, watermark: i64::MIN }
+    }
+
+    /// Where the records of input `index` come from.
+    pub fn origin(&self, index: usize) -> Option<&crate::runtime::failed_record::Origin> {
+        self.channels[index].origin.as_deref()
     }
 
     /// The side of input `index`.

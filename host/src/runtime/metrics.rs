@@ -16,6 +16,8 @@ pub struct NodeMetrics {
     /// Nanoseconds its subtasks spent blocked sending to a full channel (backpressure),
     /// summed over subtasks.
     pub backpressured_ns: AtomicU64,
+    /// Records sent to the dead-letter output (`on_error = "dead-letter"`).
+    pub dead_letters: AtomicU64,
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
     /// instead of blocking; this is their reported bound).
     pub feedback_peak_batches: AtomicU64,

@@ -3,6 +3,7 @@
 pub mod cpu_shares;
 pub mod error;
 pub mod executor;
+pub mod failed_record;
 pub mod faults;
 pub mod handle;
 pub mod input;

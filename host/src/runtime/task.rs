@@ -22,6 +22,7 @@ use crate::ids::{CheckpointId, TaskId};
 use crate::operator::{OperatorFactory, OperatorLogic};
 use crate::record::{Batch, NO_KEY_GROUP};
 use crate::runtime::error::TaskFailure;
+use crate::runtime::failed_record;
 use crate::runtime::faults::{FaultKind, FaultPlan};
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
@@ -86,6 +87,8 @@ pub struct OperatorTask {
     pub draining: Option<Draining>,
     /// The key groups the snapshot being taken has handed out so far.
     pub ledger: GroupLedger,
+    /// The output port of dead letters (`on_error = "dead-letter"`), else `None`.
+    pub dead_letter: Option<u32>,
 }
 
 /// A loop head's checkpoint in progress: the state copied at alignment and the back-edge
@@ -238,6 +241,42 @@ impl OperatorTask {
             }
         }
         Ok(())
+    }
+
+    /// Hands `batch` (from input `input`) to the operator and routes what it emits. An error
+    /// the operator returns for one record names that record ([`failed_record`]); with
+    /// dead letters on, the record goes to the dead-letter output with a warning, what the
+    /// operator emitted before it is kept, and the rest of the batch is processed.
+    fn process_batch(&mut self, input: usize, side: Side, batch: Batch) -> Result<(), TaskFailure> {
+        let mut batch = batch;
+        loop {
+            let (call, message) = match self.instance.process(side, &batch) {
+                Ok(()) => return self.route_emitted(),
+                Err(GuestError::Failed { call, message }) => (call, message),
+                Err(e) => return Err(self.guest(e)),
+            };
+            let Some((index, rec, why)) = failed_record::failing_record(&message, &batch) else {
+                return Err(self.guest(GuestError::Failed { call, message }));
+            };
+            let at = failed_record::describe(index, &rec, self.inputs.origin(input));
+            let Some(port) = self.dead_letter else {
+                return Err(self.guest(GuestError::Failed { call, message: format!("{why}; at {at}") }));
+            };
+            eprintln!("[{}] dead letter: {at}: {}", self.id, crate::sandbox::guest_text::tame(&why));
+            self.route_emitted()?;
+            let mut letter = Batch::default();
+            letter.push(port, rec.timestamp, rec.key, rec.value);
+            self.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
+            self.output.emit_batch(&letter).map_err(|d| self.disconnected(d))?;
+            let mut rest = Batch::default();
+            for r in batch.iter().skip(index as usize + 1) {
+                rest.push(r.tag, r.timestamp, r.key, r.value);
+            }
+            if rest.is_empty() {
+                return Ok(());
+            }
+            batch = rest;
+        }
     }
 
     /// Records-in-flight accounting: what was pushed, then what was consumed.
@@ -782,8 +821,7 @@ impl OperatorTask {
                         let s = if side == Side::Right { 1 } else { 0 };
                         p.log.push(LoggedBatch { side: s, records: batch.len(), bytes: batch.as_bytes().to_vec() });
                     }
-                    self.instance.process(side, &batch).map_err(|e| self.guest(e))?;
-                    self.route_emitted()?;
+                    self.process_batch(i, side, batch)?;
                     self.account(n);
                     self.inject_faults()?;
                     // One chunk of a snapshot being drained per batch: short pauses.
