@@ -12,7 +12,7 @@ use weir::runtime::error::RunError;
 use weir::runtime::executor::{self, RunOptions};
 use weir::runtime::faults::{Fault, FaultKind, FaultPlan};
 
-use crate::support::{committed_lines, component, scratch, toml_path};
+use crate::support::{committed_lines, component, js_component, scratch, toml_path};
 
 const LIMITS: &str = "[limits]\nmemory_mb = 32\ncall_timeout_ms = 200\nmax_emit_mb = 4\nmax_snapshot_mb = 1\n\
                       max_state_value_mb = 2\nmax_timer_mb = 2\n";
@@ -126,6 +126,38 @@ fn sandbox_hostile_guests_get_their_documented_error_while_a_good_job_completes(
     let mut expected: Vec<String> = (0..40000u64).map(|i| format!("{} {}", i % 16, i / 16)).collect();
     expected.sort();
     assert!(committed_lines(&good_dir.path().join("out")) == expected, "the good job's output is exact");
+}
+
+/// A buggy SDK's snapshot is refused, naming what it did, before it joins a checkpoint: a
+/// state the operator does not declare, a key group the subtask does not own, one key group
+/// twice, a blob that breaks the layout. (Every job ends with a final checkpoint, so each
+/// forged snapshot is taken however fast the machine is.)
+#[test]
+fn sandbox_forged_snapshots_are_refused_naming_the_violation() {
+    let forger = js_component("tests/guests/js/forger.js");
+    let engine = weir::sandbox::engine::new_engine().unwrap();
+    for (forge, want) in [
+        ("undeclared", "keyed state `not-declared`, which the operator does not declare as keyed"),
+        ("foreign", "outside this subtask's key groups"),
+        ("twice", "twice in one snapshot"),
+        ("framing", "does not follow the state layout"),
+    ] {
+        let d = scratch();
+        std::fs::write(d.path().join("in.txt"), "a\nb\nc\nd\n").unwrap();
+        let toml = format!(
+            "[job]\nname = \"forged-{forge}\"\nmax_parallelism = 8\n[checkpoint]\ninterval_ms = 50\ndir = \"chk\"\n\
+             [restart]\nstrategy = \"none\"\n[[source]]\nid = \"in\"\ntype = \"file\"\npath = \"in.txt\"\nkey_column = 0\n\
+             [[operator]]\nid = \"forger\"\ncomponent = {}\nparallelism = 2\nconfig = {{ forge = \"{forge}\" }}\n\
+             inputs = [{{ from = \"in\", partition = \"hash\" }}]\n\
+             [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"forger\" }}]\n",
+            toml_path(&forger)
+        );
+        let e = run_with(&engine, d.path(), &toml).err().unwrap_or_else(|| panic!("`{forge}` was accepted"));
+        assert!(e.to_string().contains(want), "`{forge}`: want `{want}` in: {e}");
+        // No checkpoint holding a forged snapshot was published.
+        let store = weir::checkpoint::storage::CheckpointStore::new(&d.path().join("chk"), &format!("forged-{forge}"));
+        assert!(store.latest(|_| {}).is_none(), "`{forge}`: a checkpoint was completed");
+    }
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! A guest's snapshot is evidence, not truth: before the key groups a subtask's operator hands
 //! out become part of a checkpoint, the host checks that each is one the subtask owns and that
-//! none comes twice across the chunks of one snapshot. (The layout of every blob is checked
-//! where it is received, `sandbox/instance.rs` `snapshot`.) A buggy SDK in any language thus
+//! none comes twice across the chunks of one snapshot. (The layout of every blob, and that it
+//! names only states the operator declared, of its kind, each once, is checked where it is
+//! received, `sandbox/instance.rs` `snapshot`.) A buggy SDK in any language thus
 //! fails its own checkpoint loudly instead of overwriting another subtask's key group, or a
 //! group of its own with a stale copy, on restore.
 //!

@@ -95,15 +95,31 @@ pub fn decode(blob: &[u8]) -> Result<Vec<NamedState>, LayoutError> {
 
 /// The longest value in a blob, without decoding it (lengths are walked, nothing is copied).
 pub fn max_value_len(blob: &[u8]) -> Result<usize, LayoutError> {
+    walk(blob).map(|s| s.max_value)
+}
+
+/// What a walk over a blob found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlobShape<'a> {
+    /// The longest value.
+    pub max_value: usize,
+    /// The state names, in blob order.
+    pub states: Vec<&'a [u8]>,
+}
+
+/// Walks a blob's framing (lengths only, nothing copied): its longest value and its state
+/// names, or where it breaks the layout.
+pub fn walk(blob: &[u8]) -> Result<BlobShape<'_>, LayoutError> {
+    let mut shape = BlobShape::default();
     if blob.is_empty() {
-        return Ok(0);
+        return Ok(shape);
     }
     let mut c = Cursor { buf: blob, pos: 0 };
     let mut max = 0;
     let count = c.u32("state count")?;
     let delta = count & DELTA_FLAG != 0;
     for _ in 0..count & !DELTA_FLAG {
-        c.chunk("state name")?;
+        shape.states.push(c.chunk("state name")?);
         for _ in 0..c.u32("entry count")? {
             c.chunk("entry key")?;
             if delta && c.buf.get(c.pos..c.pos + 4) == Some(&TOMBSTONE.to_le_bytes()[..]) {
@@ -116,7 +132,8 @@ pub fn max_value_len(blob: &[u8]) -> Result<usize, LayoutError> {
     if c.pos != blob.len() {
         return Err(LayoutError { at: c.pos, what: "end of blob" });
     }
-    Ok(max)
+    shape.max_value = max;
+    Ok(shape)
 }
 
 /// One state's changes in a delta blob: (key, `Some(value)` upsert or `None` removal).

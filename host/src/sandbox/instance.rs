@@ -359,7 +359,10 @@ impl LoadedComponent {
             Pre::Two(p) => p.instantiate(&mut store).map(Inst::Two),
         }
         .map_err(|e| trap("instantiate", e, None, &limits))?;
-        Ok(OperatorInstance { store, inst })
+        let names =
+            |keyed: bool| self.info.states.iter().filter(|s| s.keyed == keyed).map(|s| s.name.clone()).collect();
+        let declared = std::sync::Arc::new(Declared { keyed: names(true), other: names(false) });
+        Ok(OperatorInstance { store, inst, declared })
     }
 }
 
@@ -372,6 +375,35 @@ enum Inst {
 pub struct OperatorInstance {
     store: Store<HostState>,
     inst: Inst,
+    declared: std::sync::Arc<Declared>,
+}
+
+/// The state names an operator declared, keyed and not: what its snapshots may name.
+#[derive(Debug, Default)]
+struct Declared {
+    keyed: Vec<String>,
+    other: Vec<String>,
+}
+
+impl Declared {
+    /// Checks a blob's state names: each declared (of the blob's kind), none twice.
+    fn admit(&self, keyed: bool, names: &[&[u8]]) -> Result<(), String> {
+        let (allowed, kind) = if keyed { (&self.keyed, "keyed") } else { (&self.other, "non-keyed") };
+        for (i, n) in names.iter().enumerate() {
+            let name = String::from_utf8_lossy(n);
+            if !allowed.iter().any(|a| a.as_bytes() == *n) {
+                return Err(format!(
+                    "the snapshot holds {kind} state `{}`, which the operator does not declare as {kind} (it declares: [{}])",
+                    tame(&name),
+                    allowed.join(", ")
+                ));
+            }
+            if names[..i].contains(n) {
+                return Err(format!("the snapshot holds {kind} state `{}` twice in one blob", tame(&name)));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Turns a failed call into a [`GuestError`], naming the limit when one was breached.
@@ -492,11 +524,13 @@ impl OperatorInstance {
         let bytes = snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + snap.operator_state.len() as u64;
         let limits = self.store.data().limits;
         let max_value = (limits.max_state_value_mb << 20) as usize;
-        for blob in snap.keyed.iter().map(|k| &k.data[..]).chain([&snap.operator_state[..]]) {
-            let longest = crate::checkpoint::layout::max_value_len(blob).map_err(|e| GuestError::Failed {
-                call: "snapshot",
-                message: format!("the snapshot does not follow the state layout: {e}"),
-            })?;
+        let blobs = snap.keyed.iter().map(|k| (true, &k.data[..])).chain([(false, &snap.operator_state[..])]);
+        for (keyed, blob) in blobs {
+            let failed = |message: String| GuestError::Failed { call: "snapshot", message };
+            let shape = crate::checkpoint::layout::walk(blob)
+                .map_err(|e| failed(format!("the snapshot does not follow the state layout: {e}")))?;
+            self.declared.admit(keyed, &shape.states).map_err(failed)?;
+            let longest = shape.max_value;
             if longest > max_value {
                 return Err(GuestError::Trap {
                     call: "snapshot",
@@ -540,5 +574,26 @@ impl OperatorInstance {
         let h = self.store.data_mut();
         let n = std::mem::take(&mut h.emitted_records);
         Batch::from_validated(std::mem::take(&mut h.emitted), n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Declared;
+
+    #[test]
+    fn a_snapshot_names_only_declared_states_of_its_kind_once() {
+        let d = Declared { keyed: vec!["count".into(), "seen".into()], other: vec!["pending".into()] };
+        assert_eq!(d.admit(true, &[b"count", b"seen"]), Ok(()));
+        assert_eq!(d.admit(false, &[b"pending"]), Ok(()));
+        assert_eq!(d.admit(true, &[]), Ok(()));
+        let e = d.admit(true, &[b"pending"]).unwrap_err();
+        assert!(e.contains("keyed state `pending`") && e.contains("[count, seen]"), "{e}");
+        let e = d.admit(false, &[b"count"]).unwrap_err();
+        assert!(e.contains("non-keyed state `count`"), "{e}");
+        let e = d.admit(true, &[b"count", b"count"]).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        let e = d.admit(true, &[b"x\nforged"]).unwrap_err();
+        assert!(!e.contains('\n'), "{e}");
     }
 }
