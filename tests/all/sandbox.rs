@@ -932,3 +932,63 @@ fn sandbox_a_component_importing_wasi_is_refused_at_load_listing_its_imports() {
     assert!(msg.contains("wasi:cli/environment@") && msg.contains("wasi:io/streams@"), "imports listed: {msg}");
     assert!(msg.contains("which Weir does not provide"), "{msg}");
 }
+
+/// Compiling a tenant's component happens in a child process bounded in time and memory
+/// (`[compile]` in server.toml): a component that breaks a bound is refused naming it, the
+/// server stays up, and a small component still uploads. (The Python component takes seconds
+/// and hundreds of MB to compile on any machine; the bounds are far below that, so only a
+/// faster machine could make the timeout case pass slower, never fail it.)
+#[test]
+fn sandbox_compiling_a_tenants_component_is_bounded_in_time_and_memory() {
+    let big = std::fs::read(crate::support::py_component("examples/wordcount/counter-py/app.py")).unwrap();
+    let small = std::fs::read(component("wordcount_counter")).unwrap();
+    let token = "tenant-token-0123456789";
+    for (bounds, want) in [
+        ("timeout_ms = 300", "timeout_ms = 300 under [compile]"),
+        ("memory_mb = 100", "memory_mb = 100 under [compile]"),
+    ] {
+        let d = scratch();
+        let serve = weir_serve(
+            d.path(),
+            &format!(
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[compile]\n{bounds}\n\
+                 [[tenant]]\nname = \"t\"\ntoken = \"{token}\"\n"
+            ),
+        );
+        let addr = serve.url.trim_start_matches("http://").to_string();
+        let send = |body: &[u8]| {
+            weir::api::http::send(&addr, "POST", "/v1/components", token, body, Duration::from_secs(300)).unwrap()
+        };
+        let (s, v) = send(&big);
+        assert!(s == 400 && v.contains(want), "{bounds}: {s} {v}");
+        // The server is up; under the memory bound (not a clock) a small component compiles.
+        let (s, v) = weir::api::http::send(&addr, "GET", "/v1/jobs", token, b"", Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{bounds}: {v}");
+        if bounds.starts_with("memory_mb") {
+            let (s, v) = send(&small);
+            assert_eq!(s, 200, "{bounds}: a small component still compiles: {v}");
+        }
+    }
+}
+
+/// A loop that produces records faster than it consumes them piles them up on its back-edge
+/// (unbounded, so a loop never deadlocks): the job's in-flight limit stops it, naming
+/// `max_feedback_mb`, before it takes the host's memory. (The hostile guest stops amplifying
+/// after 64 MiB, so without the limit this job ends and the test fails.)
+#[test]
+fn sandbox_a_loop_that_amplifies_is_stopped_by_the_in_flight_limit() {
+    let d = scratch();
+    let toml = format!(
+        "[job]\nname = \"amplify\"\nmax_parallelism = 8\n[limits]\nmax_feedback_mb = 4\n\
+         [restart]\nstrategy = \"none\"\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 64\nkeys = 4\nvalue_bytes = 1000\n\
+         [[operator]]\nid = \"hostile\"\ncomponent = {}\nparallelism = 1\nconfig = {{ mode = \"amplify\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}, {{ from = \"hostile\", partition = \"hash\", feedback = true }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"hostile\" }}]\n",
+        toml_path(&component("test_hostile"))
+    );
+    let engine = weir::sandbox::engine::new_engine().unwrap();
+    let e = run_with(&engine, d.path(), &toml).err().unwrap_or_else(|| panic!("the amplifying loop must be stopped"));
+    let e = e.to_string();
+    assert!(e.contains("max_feedback_mb = 4 MiB") && e.contains("back-edges"), "{e}");
+}

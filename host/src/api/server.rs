@@ -241,7 +241,7 @@ impl Api {
                 let lc = {
                     let lock = self.compile_lock(tenant);
                     let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
-                    LoadedComponent::from_bytes(&self.engine, uid, Path::new(&name), &req.body)
+                    self.charged(tenant, || LoadedComponent::from_bytes(&self.engine, uid, Path::new(&name), &req.body))
                         .map_err(|e| Response::error(400, e.to_string()))?
                 };
                 j.handle
@@ -277,6 +277,12 @@ impl Api {
             ));
         }
         Ok(())
+    }
+
+    /// Runs `f` (which may compile) with its compilations' CPU charged to `tenant`'s group.
+    fn charged<R>(&self, tenant: &Tenant, f: impl FnOnce() -> R) -> R {
+        let procs = self.cpu_groups.get(&tenant.name).map(|g| g.procs());
+        crate::sandbox::isolated_compile::charged_to(procs, f)
     }
 
     fn compile_lock(&self, tenant: &Tenant) -> Arc<Mutex<()>> {
@@ -338,8 +344,10 @@ impl Api {
         let lc = {
             let lock = self.compile_lock(tenant);
             let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
-            LoadedComponent::from_bytes(&self.engine, "uploaded", Path::new("uploaded component"), bytes)
-                .map_err(|e| Response::error(400, e.to_string()))?
+            self.charged(tenant, || {
+                LoadedComponent::from_bytes(&self.engine, "uploaded", Path::new("uploaded component"), bytes)
+            })
+            .map_err(|e| Response::error(400, e.to_string()))?
         };
         crate::checkpoint::storage::write_atomic(&dir.join(format!("{sha}.wasm")), bytes)
             .map_err(|e| Response::error(500, format!("storing the component: {e}")))?;
@@ -461,7 +469,8 @@ impl Api {
             // not compiled again here).
             let lock = self.compile_lock(tenant);
             let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
-            crate::job::bind::bind(&self.engine, graph.clone()).map_err(|e| release(scrub(400, e.to_string())))?
+            self.charged(tenant, || crate::job::bind::bind(&self.engine, graph.clone()))
+                .map_err(|e| release(scrub(400, e.to_string())))?
         };
         let opts = RunOptions {
             quiet_guests: true,

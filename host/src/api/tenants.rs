@@ -148,6 +148,36 @@ pub struct ServerConfig {
     /// CPU shares off.
     #[serde(default = "default_cpu_cgroup")]
     pub cpu_cgroup: PathBuf,
+    /// `[compile]`: bounds of compiling a tenant's component.
+    #[serde(default)]
+    pub compile: CompileBounds,
+}
+
+/// `[compile]` in `server.toml`: each tenant component is compiled in a child process with
+/// these bounds (its CPU charged to the tenant's group).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompileBounds {
+    /// Wall-clock deadline of one compilation, ms.
+    #[serde(default = "default_compile_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Data memory of the compiler process, MiB.
+    #[serde(default = "default_compile_memory_mb")]
+    pub memory_mb: u64,
+}
+
+impl Default for CompileBounds {
+    fn default() -> Self {
+        CompileBounds { timeout_ms: default_compile_timeout_ms(), memory_mb: default_compile_memory_mb() }
+    }
+}
+
+fn default_compile_timeout_ms() -> u64 {
+    120_000
+}
+
+fn default_compile_memory_mb() -> u64 {
+    4096
 }
 
 fn default_cpu_cgroup() -> PathBuf {
@@ -170,6 +200,7 @@ impl ServerConfig {
             max_connections: None,
             max_connections_per_ip: None,
             cpu_cgroup: default_cpu_cgroup(),
+            compile: CompileBounds::default(),
         }
     }
 
@@ -202,6 +233,9 @@ impl ServerConfig {
     pub fn check(&self) -> Result<(), String> {
         if self.tenant.is_empty() {
             return Err("no [[tenant]]: nobody could use this server".into());
+        }
+        if self.compile.timeout_ms == 0 || self.compile.memory_mb < 64 {
+            return Err("[compile]: timeout_ms must be > 0 and memory_mb >= 64".into());
         }
         for (i, t) in self.tenant.iter().enumerate() {
             if t.name.is_empty() || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {

@@ -187,6 +187,17 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         sdk: Option<PathBuf>,
     },
+    /// (Internal) compile a component from stdin into a wasmtime artifact on stdout: the
+    /// child process `weir serve` compiles tenants' components in.
+    #[command(name = "__compile-component", hide = true)]
+    CompileComponent {
+        /// The server's engine uses the pooling allocator.
+        #[arg(long)]
+        pooling: bool,
+        /// The server's engine runs without epoch interruption.
+        #[arg(long)]
+        no_epoch: bool,
+    },
     /// Check a job file and its components without running it.
     Validate {
         /// The job file.
@@ -237,13 +248,17 @@ fn real_main(cli: Cli) -> Result<()> {
     let cli_server = cli.server.clone().zip(cli.token.clone());
     // Compiled components persist across runs (a job starts in milliseconds the second
     // time); `weir serve` keeps its own cache in its data directory instead.
-    if !matches!(cli.command, Command::Serve { .. })
+    if !matches!(cli.command, Command::Serve { .. } | Command::CompileComponent { .. })
         && let Some(cache) = weir::sandbox::disk_cache::from_env(&registry::home())
     {
         weir::sandbox::disk_cache::install(cache);
     }
     match cli.command {
         Command::New { name, lang, dir, sdk } => new_project(&name, lang, dir, sdk),
+        Command::CompileComponent { pooling, no_epoch } => {
+            let opts = weir::sandbox::engine::EngineOptions { pooling, epoch_interruption: !no_epoch };
+            weir::sandbox::isolated_compile::child_main(opts).map_err(anyhow::Error::msg)
+        }
         Command::Build { dir, sdk } => {
             let built = scaffold::build::build(&dir, sdk.as_deref())?;
             let info = &built.component.info;
@@ -344,6 +359,13 @@ fn real_main(cli: Cli) -> Result<()> {
                 weir::sandbox::disk_cache::install(cache);
             }
             let opts = weir::sandbox::engine::EngineOptions { pooling: true, ..Default::default() };
+            // Tenants' components compile in a child process, bounded by [compile].
+            weir::sandbox::isolated_compile::install(weir::sandbox::isolated_compile::Isolation {
+                exe: std::env::current_exe().context("locating the weir executable")?,
+                engine: opts,
+                memory_mb: cfg.compile.memory_mb,
+                timeout_ms: cfg.compile.timeout_ms,
+            });
             let engine = weir::sandbox::engine::engine_with(opts)
                 .map_err(|e| anyhow::anyhow!("{e:#}"))
                 .context("starting the WebAssembly engine")?;

@@ -471,6 +471,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 max_snapshot_mb: v.max_snapshot_mb.unwrap_or(d.max_snapshot_mb),
                 max_state_value_mb: v.max_state_value_mb.unwrap_or(d.max_state_value_mb),
                 max_timer_mb: v.max_timer_mb.unwrap_or(d.max_timer_mb),
+                max_feedback_mb: v.max_feedback_mb.unwrap_or(d.max_feedback_mb),
             };
             if let Some((name, value, ceiling)) = limits.above(&CEILING) {
                 return cx.err(
@@ -487,6 +488,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 ("max_snapshot_mb", limits.max_snapshot_mb),
                 ("max_state_value_mb", limits.max_state_value_mb),
                 ("max_timer_mb", limits.max_timer_mb),
+                ("max_feedback_mb", limits.max_feedback_mb),
             ] {
                 if value == 0 {
                     return cx.err(l.span(), format!("[limits] {name} must be at least 1"));

@@ -54,6 +54,9 @@ pub struct LimitsSpec {
     /// Bytes of timers one instance may hold (keys plus bookkeeping), MiB.
     #[serde(default)]
     pub max_timer_mb: Option<u64>,
+    /// Bytes of records in flight on the job's back-edges, MiB.
+    #[serde(default)]
+    pub max_feedback_mb: Option<u64>,
 }
 
 /// `[job]`

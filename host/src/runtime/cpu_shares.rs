@@ -92,6 +92,11 @@ impl Drop for CpuShares {
 }
 
 impl CpuGroup {
+    /// The group's `cgroup.procs` (a pid written there moves the whole process).
+    pub fn procs(&self) -> PathBuf {
+        self.tasks.with_file_name("cgroup.procs")
+    }
+
     /// Moves the calling thread into the group.
     pub fn join_current_thread(&self) -> std::io::Result<()> {
         #[cfg(target_os = "linux")]

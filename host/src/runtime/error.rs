@@ -26,6 +26,14 @@ pub enum TaskFailure {
         /// What failed.
         message: String,
     },
+    /// A host resource limit of the job was exceeded (not inside a guest call).
+    #[error("subtask {task}: {message}")]
+    Limit {
+        /// The subtask.
+        task: TaskId,
+        /// Which limit, its value, and what to do.
+        message: String,
+    },
     /// A neighbour stopped: a consequence of another failure, not a cause.
     #[error("subtask {task}: a neighbouring subtask stopped")]
     Disconnected {

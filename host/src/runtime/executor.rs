@@ -477,12 +477,16 @@ fn run_attempt(
         g.nodes.iter().map(|n| (0..n.parallelism).map(|_| Vec::new()).collect()).collect();
     let mut outputs: Vec<Vec<Vec<EdgeOutput>>> =
         g.nodes.iter().map(|n| (0..n.parallelism).map(|_| Vec::new()).collect()).collect();
+    // One in-flight budget for all back-edges of this attempt (`[limits] max_feedback_mb`).
+    let feedback_budget =
+        Arc::new(crate::runtime::feedback_budget::FeedbackBudget::new(g.limits.max_feedback_mb << 20));
     for (ei, e) in g.edges.iter().enumerate() {
         let (up, down) = (g.nodes[e.from].parallelism, g.nodes[e.to].parallelism);
         let in_loop = g.edge_in_loop(ei);
         for u in 0..up {
             let targets: Vec<u32> = if e.partition == Partition::Forward { vec![u] } else { (0..down).collect() };
             let mut txs = Vec::with_capacity(targets.len());
+            let mut backs = Vec::with_capacity(targets.len());
             for d in targets {
                 // Back-edges are chosen per channel, as a DFS of the physical graph would
                 // (ABS §3.3): every channel of a feedback edge between two operators, but of
@@ -499,10 +503,14 @@ fn run_attempt(
                     _ => None,
                 };
                 let origin = Origin { node: g.nodes[e.from].id.to_string(), subtask: u, file };
-                inputs[e.to][d as usize].push(InputChannel::new(rx, e.side).feedback(back).from(origin));
+                let budget = back.then(|| feedback_budget.clone());
+                inputs[e.to][d as usize].push(InputChannel::new(rx, e.side).feedback(back).from(origin).budget(budget));
+                backs.push(back);
                 txs.push(tx);
             }
-            let out = EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, u as usize).in_loop(in_loop);
+            let out = EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, u as usize)
+                .in_loop(in_loop)
+                .back_edges(backs, feedback_budget.clone());
             outputs[e.from][u as usize].push(out);
         }
     }

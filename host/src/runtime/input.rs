@@ -22,6 +22,8 @@ pub struct InputChannel {
     pub feedback: bool,
     /// Where its records come from (to name a record an operator fails on).
     pub origin: Option<std::sync::Arc<crate::runtime::failed_record::Origin>>,
+    /// A back-edge's share of the job's in-flight budget (bytes taken off are given back).
+    budget: Option<std::sync::Arc<crate::runtime::feedback_budget::FeedbackBudget>>,
     watermark: i64,
     done: bool,
 }
@@ -29,7 +31,13 @@ pub struct InputChannel {
 impl InputChannel {
     /// Wraps a receiver.
     pub fn new(rx: Receiver<Message>, side: Side) -> Self {
-        InputChannel { rx, side, feedback: false, origin: None, watermark: i64::MIN, done: false }
+        InputChannel { rx, side, feedback: false, origin: None, budget: None, watermark: i64::MIN, done: false }
+    }
+
+    /// Gives the bytes of every batch taken off it back to `budget` (back-edges).
+    pub fn budget(mut self, budget: Option<std::sync::Arc<crate::runtime::feedback_budget::FeedbackBudget>>) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// Says where its records come from.
@@ -127,7 +135,12 @@ impl Inputs {
         }
         let i = readable[op.index()];
         match op.recv(&self.channels[i].rx) {
-            Ok(m) => Received::Message(i, m),
+            Ok(m) => {
+                if let (Some(b), Message::Data(batch)) = (&self.channels[i].budget, &m) {
+                    b.sub(batch.as_bytes().len() as u64);
+                }
+                Received::Message(i, m)
+            }
             // An upstream that exits on `Stop` (stop with savepoint) disconnects before this
             // subtask may have read its own `Complete`/`Stop`: those come first.
             Err(_) => match control.map(|c| c.recv_timeout(Duration::from_millis(200))) {

@@ -5,6 +5,7 @@ pub mod error;
 pub mod executor;
 pub mod failed_record;
 pub mod faults;
+pub mod feedback_budget;
 pub mod handle;
 pub mod input;
 pub mod latency;

@@ -13,6 +13,7 @@ use crossbeam_channel::{Sender, TrySendError};
 
 use crate::graph::partition::{Partition, Selector, Target};
 use crate::record::{Batch, RecordRef};
+use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 
@@ -28,6 +29,9 @@ pub struct EdgeOutput {
     pending: Vec<Batch>,
     in_loop: bool,
     ended: bool,
+    /// Per target: a back-edge, whose batches count against the job's in-flight budget.
+    back: Vec<bool>,
+    budget: Option<Arc<FeedbackBudget>>,
 }
 
 impl EdgeOutput {
@@ -41,7 +45,30 @@ impl EdgeOutput {
     ) -> Self {
         let pending = (0..targets.len()).map(|_| Batch::with_capacity(16 * 1024)).collect();
         let selector = Selector::new(partition, targets.len(), max_parallelism, start);
-        EdgeOutput { port, selector, targets, pending, in_loop: false, ended: false }
+        let back = vec![false; targets.len()];
+        EdgeOutput { port, selector, targets, pending, in_loop: false, ended: false, back, budget: None }
+    }
+
+    /// Marks the targets that are back-edges (`back[i]`), charged to `budget`.
+    pub fn back_edges(mut self, back: Vec<bool>, budget: Arc<FeedbackBudget>) -> Self {
+        if back.iter().any(|b| *b) {
+            self.back = back;
+            self.budget = Some(budget);
+        }
+        self
+    }
+
+    /// Sends a batch to target `index`, counting it against the budget on a back-edge.
+    fn send_batch(
+        &mut self,
+        index: usize,
+        batch: Batch,
+        counter: &Option<Arc<NodeMetrics>>,
+    ) -> Result<(), Disconnected> {
+        if let Some(b) = self.budget.as_ref().filter(|_| self.back[index]) {
+            b.add(batch.as_bytes().len() as u64);
+        }
+        send(&self.targets[index], Message::Data(batch), counter)
     }
 
     /// Marks an edge that stays inside a loop (its target reaches its source again).
@@ -122,15 +149,18 @@ impl Output {
                     let b = &mut e.pending[index];
                     b.push(tag, rec.timestamp, rec.key, rec.value);
                     if b.len() >= limit_n || b.byte_len() >= limit_b {
-                        send(&e.targets[index], Message::Data(b.take()), &self.backpressure)?;
+                        let full = b.take();
+                        e.send_batch(index, full, &self.backpressure)?;
                     }
                 }
                 Target::All => {
                     self.copies += e.pending.len() as u64;
-                    for (i, b) in e.pending.iter_mut().enumerate() {
+                    for i in 0..e.pending.len() {
+                        let b = &mut e.pending[i];
                         b.push(crate::record::NO_KEY_GROUP, rec.timestamp, rec.key, rec.value);
                         if b.len() >= limit_n || b.byte_len() >= limit_b {
-                            send(&e.targets[i], Message::Data(b.take()), &self.backpressure)?;
+                            let full = b.take();
+                            e.send_batch(i, full, &self.backpressure)?;
                         }
                     }
                 }
@@ -150,9 +180,10 @@ impl Output {
     /// Sends every non-empty pending batch.
     pub fn flush(&mut self) -> Result<(), Disconnected> {
         for e in &mut self.edges {
-            for (i, b) in e.pending.iter_mut().enumerate() {
-                if !b.is_empty() {
-                    send(&e.targets[i], Message::Data(b.take()), &self.backpressure)?;
+            for i in 0..e.pending.len() {
+                if !e.pending[i].is_empty() {
+                    let full = e.pending[i].take();
+                    e.send_batch(i, full, &self.backpressure)?;
                 }
             }
         }
@@ -181,6 +212,11 @@ impl Output {
             e.ended = true;
         }
         Ok(())
+    }
+
+    /// (held, limit) when the job's back-edges hold more than `max_feedback_mb`.
+    pub fn feedback_over(&self) -> Option<(u64, u64)> {
+        self.edges.iter().find_map(|e| e.budget.as_ref()).and_then(|b| b.over())
     }
 
     /// Record copies pushed since the last call.

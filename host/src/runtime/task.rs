@@ -229,6 +229,17 @@ impl OperatorTask {
         if !out.is_empty() {
             self.metrics.add_out(out.len() as u64);
             self.output.emit_batch(&out).map_err(|d| self.disconnected(d))?;
+            if let Some((held, limit)) = self.output.feedback_over() {
+                return Err(TaskFailure::Limit {
+                    task: self.id.clone(),
+                    message: format!(
+                        "exceeded the in-flight limit of the job's loops: {held} bytes of records wait on its back-edges, \
+                         and max_feedback_mb = {} MiB ([limits] in the job file); the loop produces records faster than \
+                         it consumes them",
+                        limit >> 20
+                    ),
+                });
+            }
             if self.output.dropped_after_end > 0 {
                 return Err(TaskFailure::Connector {
                     task: self.id.clone(),

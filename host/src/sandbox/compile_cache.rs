@@ -9,7 +9,9 @@
 //! that is no longer used are dropped as soon as another engine compiles). Callers that serve several
 //! tenants also serialize each tenant's own compilations (`api::server`), so one tenant's huge
 //! component holds one slot, never all of them. Below this cache, the process's
-//! [`super::disk_cache`] (when installed) keeps artifacts across processes.
+//! [`super::disk_cache`] (when installed) keeps artifacts across processes, and with
+//! [`super::isolated_compile`] installed (`weir serve`) compiling happens in a child process
+//! bounded in memory and time.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -65,7 +67,10 @@ pub fn compile(engine: &Engine, sha256: &str, bytes: &[u8]) -> wasmtime::Result<
         None => {
             let component = {
                 let _slot = Slot::take(c);
-                Component::new(engine, bytes)?
+                match crate::sandbox::isolated_compile::installed() {
+                    Some(iso) => iso.compile(engine, bytes).map_err(|e| wasmtime::format_err!("{e}"))?,
+                    None => Component::new(engine, bytes)?,
+                }
             };
             if let Some(d) = disk {
                 d.store(engine, sha256, &component);

@@ -32,6 +32,8 @@ pub struct Limits {
     /// Bytes of timers one instance may hold in host memory (keys plus
     /// [`crate::sandbox::timers::TIMER_OVERHEAD`] each, both domains), MiB.
     pub max_timer_mb: u64,
+    /// Bytes of records in flight on the job's back-edges (loops), all together, MiB.
+    pub max_feedback_mb: u64,
 }
 
 /// The host-wide ceilings a job's limits must stay under.
@@ -42,6 +44,7 @@ pub const CEILING: Limits = Limits {
     max_snapshot_mb: 8192,
     max_state_value_mb: 1024,
     max_timer_mb: 1024,
+    max_feedback_mb: 4096,
 };
 
 impl Default for Limits {
@@ -53,6 +56,7 @@ impl Default for Limits {
             max_snapshot_mb: 2048,
             max_state_value_mb: 64,
             max_timer_mb: 64,
+            max_feedback_mb: 256,
         }
     }
 }
@@ -67,6 +71,7 @@ impl Limits {
             ("max_snapshot_mb", self.max_snapshot_mb, ceiling.max_snapshot_mb),
             ("max_state_value_mb", self.max_state_value_mb, ceiling.max_state_value_mb),
             ("max_timer_mb", self.max_timer_mb, ceiling.max_timer_mb),
+            ("max_feedback_mb", self.max_feedback_mb, ceiling.max_feedback_mb),
         ]
         .into_iter()
         .find(|(_, v, c)| v > c)

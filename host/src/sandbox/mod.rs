@@ -7,5 +7,6 @@ pub mod engine;
 pub mod guest_text;
 pub mod host;
 pub mod instance;
+pub mod isolated_compile;
 pub mod limits;
 pub mod timers;

@@ -15,6 +15,7 @@
 //! | `bad-timer` | registers a timer for a key group it does not own | the host's import checks |
 //! | `bad-emit` | hands the host a malformed record batch | the host's import checks |
 //! | `huge-log` | logs 10 MiB lines | truncated by the host, harmless |
+//! | `amplify` | in a loop: emits every record twice (up to 64 MiB in all, then nothing) | the in-flight limit of back-edges (`max_feedback_mb`) |
 
 use std::hint::black_box;
 
@@ -53,6 +54,7 @@ struct Hostile {
     bomb: ValueState<Bomb>,
     poison: ValueState<Poison>,
     hoard: Vec<Vec<u8>>,
+    amplified: u64,
 }
 
 /// Small frames: overflows the wasm call stack.
@@ -85,6 +87,7 @@ impl Operator for Hostile {
             bomb: ctx.value_state("bomb")?,
             poison: ctx.value_state("poison")?,
             hoard: Vec::new(),
+            amplified: 0,
         })
     }
 
@@ -97,6 +100,14 @@ impl Operator for Hostile {
 
     fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
         match self.mode.as_str() {
+            // Bounded, so that without the host's limit the job ends (and its test fails)
+            // instead of taking all memory.
+            "amplify" if self.amplified < 64 << 20 => {
+                self.amplified += 2 * (rec.key.len() + rec.value.len() + 20) as u64;
+                ctx.emit(rec.key, rec.value);
+                ctx.emit(rec.key, rec.value);
+            }
+            "amplify" => {}
             "spin" => loop {
                 black_box(&mut self.hoard);
             },
