@@ -194,7 +194,7 @@ fn cpu_shares(guests: &Path) {
         println!("5. CPU shares: not measured ({why})");
         return;
     }
-    let group = |name: &str| Some(Arc::new(shares.group(name, 100).unwrap()));
+    let group = |name: &str| Some(Arc::new(shares.group(name, 100, None).unwrap()));
     println!("5. CPU shares: keyed count next to a tenant burning 8 threads, equal weights, median of 3 rounds");
     // Unthrottled (the job alone wants more than half the cores), then at 4 M records/s (it
     // needs less than its half).

@@ -992,3 +992,55 @@ fn sandbox_a_loop_that_amplifies_is_stopped_by_the_in_flight_limit() {
     let e = e.to_string();
     assert!(e.contains("max_feedback_mb = 4 MiB") && e.contains("back-edges"), "{e}");
 }
+
+/// A tenant's hard CPU cap (`max_cpu_cores`) holds whatever its guests do, per 100 ms window
+/// and not only per call: a job of guests that burn CPU in every call, wanting two cores,
+/// gets at most its cap over the window. (An upper bound on CPU time: a busier machine only
+/// gives it less.)
+#[test]
+fn sandbox_a_tenants_cpu_cap_holds_however_its_guests_burn() {
+    let d = scratch();
+    let serve = weir_serve(
+        d.path(),
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[[tenant]]\nname = \"capped\"\n\
+         token = \"capped-token-0123456789\"\nmax_parallelism = 8\nmax_subtasks = 16\nmax_cpu_cores = 0.3\n",
+    );
+    let addr = serve.url.trim_start_matches("http://").to_string();
+    let token = "capped-token-0123456789";
+    let call = |method: &str, path: &str, body: &[u8]| {
+        let (s, v) = weir::api::http::send(&addr, method, path, token, body, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        serde_json::from_str::<serde_json::Value>(&v).unwrap()
+    };
+    let hostile = call("POST", "/v1/components", &std::fs::read(component("test_hostile")).unwrap())["component"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = format!(
+        "[job]\nname = \"burn\"\nmax_parallelism = 16\n[limits]\nmemory_mb = 64\n\
+         [[source]]\nid = \"egen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 64\n\
+         [[operator]]\nid = \"eop\"\ncomponent = \"{hostile}\"\nparallelism = 2\nconfig = {{ mode = \"burn\" }}\n\
+         inputs = [{{ from = \"egen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"eout\"\ntype = \"blackhole\"\ninputs = [{{ from = \"eop\" }}]\n"
+    );
+    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let pid = serve.child.id();
+    // The window starts once the job's threads are burning.
+    let (mut used, mut last) = (0u64, cpu_ticks(pid, "e"));
+    let t0 = Instant::now();
+    while used == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the capped job never ran");
+        std::thread::sleep(Duration::from_millis(50));
+        add_ticks(&mut used, &mut last, cpu_ticks(pid, "e"));
+    }
+    let (start, base) = (Instant::now(), used);
+    while start.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(100));
+        add_ticks(&mut used, &mut last, cpu_ticks(pid, "e"));
+    }
+    let ticks = used - base;
+    let cap = 0.3 * start.elapsed().as_secs_f64() * 100.0;
+    eprintln!("capped job: {ticks} ticks in {:?} (cap {cap:.0} ticks)", start.elapsed());
+    assert_eq!(call("GET", &format!("/v1/jobs/{id}"), b"")["state"], "RUNNING");
+    assert!(ticks as f64 <= cap * 1.25 + 10.0, "{ticks} ticks over a cap of {cap:.0}");
+}

@@ -138,7 +138,7 @@ impl Api {
         };
         let mut cpu_groups = BTreeMap::new();
         for t in &config.tenant {
-            if let Ok(g) = cpu.group(&t.name, t.cpu_weight) {
+            if let Ok(g) = cpu.group(&t.name, t.cpu_weight, t.max_cpu_cores) {
                 cpu_groups.insert(t.name.clone(), Arc::new(g));
             }
         }

@@ -15,6 +15,7 @@
 //! max_requests = 8              # API requests in flight at once (more: 429)
 //! max_disk_mb = 4096            # its directory: uploads, outputs, checkpoints (more: 507)
 //! cpu_weight = 100              # its share of contended CPU, relative to other tenants'
+//! max_cpu_cores = 2.0           # optional hard cap, cores per 100 ms window
 //! ```
 //!
 //! The API's front door takes its bounds from the top level (defaults shown):
@@ -35,7 +36,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::Deserialize;
 
 /// One tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tenant {
     /// Name (a directory name: letters, digits, `-`, `_`).
@@ -64,6 +65,10 @@ pub struct Tenant {
     /// Its share of contended CPU relative to other tenants' (1..=10000, cgroup v2 style).
     #[serde(default = "default_cpu_weight")]
     pub cpu_weight: u32,
+    /// A hard cap on its CPU, in cores, per 100 ms window, whatever its guests do (none by
+    /// default: a tenant may use idle cores).
+    #[serde(default)]
+    pub max_cpu_cores: Option<f64>,
 }
 
 fn default_max_jobs() -> u32 {
@@ -101,6 +106,7 @@ impl Tenant {
             max_requests: default_max_requests(),
             max_disk_mb: default_max_disk_mb(),
             cpu_weight: default_cpu_weight(),
+            max_cpu_cores: None,
         }
     }
 
@@ -116,6 +122,7 @@ impl Tenant {
             max_requests: 64,
             max_disk_mb: u64::MAX,
             cpu_weight: default_cpu_weight(),
+            max_cpu_cores: None,
         }
     }
 }
@@ -241,6 +248,9 @@ impl ServerConfig {
             if t.name.is_empty() || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
                 return Err(format!("tenant name `{}` must be letters, digits, `-` or `_`", t.name));
             }
+            if let Some(c) = t.max_cpu_cores.filter(|c| !(0.01..=1024.0).contains(c)) {
+                return Err(format!("tenant `{}`: max_cpu_cores must be in 0.01..=1024, got {c}", t.name));
+            }
             if !(1..=10_000).contains(&t.cpu_weight) {
                 return Err(format!("tenant `{}`: cpu_weight must be in 1..=10000, got {}", t.name, t.cpu_weight));
             }
@@ -286,6 +296,7 @@ mod tests {
             max_requests: 1,
             max_disk_mb: 1,
             cpu_weight: 100,
+            max_cpu_cores: None,
         };
         let c = |name: &str, token: &str| {
             ServerConfig::new(default_listen(), "/d".into(), vec![t("a", "0123456789abcdef"), t(name, token)])

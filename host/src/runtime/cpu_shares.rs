@@ -2,7 +2,9 @@
 //! own, weighted by its `cpu_weight` quota, so the kernel gives tenants CPU in proportion to
 //! their weights when the cores are contended, however many threads their jobs run and
 //! whatever their guests do (a busy loop that stays under `call_timeout_ms` included). Idle
-//! CPU is still used by whoever wants it (shares, not caps).
+//! CPU is still used by whoever wants it (shares, not caps), unless a tenant has a hard cap,
+//! `max_cpu_cores` (CFS bandwidth: that many cores' worth of time per 100 ms window, across
+//! every call of every guest, timers, watermarks and snapshot chunks included).
 //!
 //! Mechanism: the cgroup v1 `cpu` controller, which places single threads
 //! (`/sys/fs/cgroup/cpu/weir-<pid>/<tenant>/tasks`); one directory per server process, removed
@@ -60,15 +62,28 @@ impl CpuShares {
         self.root.as_ref().err().map(String::as_str)
     }
 
-    /// The group of `tenant`, weighted `weight` (1..=10000; [`DEFAULT_WEIGHT`] = one share).
-    pub fn group(&self, tenant: &str, weight: u32) -> Result<CpuGroup, String> {
+    /// The group of `tenant`, weighted `weight` (1..=10000; [`DEFAULT_WEIGHT`] = one share),
+    /// capped at `max_cores` cores per [`PERIOD_US`] window when given (CFS bandwidth).
+    pub fn group(&self, tenant: &str, weight: u32, max_cores: Option<f64>) -> Result<CpuGroup, String> {
         let root = self.root.as_ref().map_err(Clone::clone)?;
         let dir = root.join(tenant);
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create the CPU group of `{tenant}`: {e}"))?;
         std::fs::write(dir.join("cpu.shares"), shares(weight).to_string())
             .map_err(|e| format!("cannot set the CPU weight of `{tenant}`: {e}"))?;
+        let quota = max_cores.map_or(-1, quota_us);
+        std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())
+            .and_then(|_| std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string()))
+            .map_err(|e| format!("cannot cap the CPU of `{tenant}`: {e}"))?;
         Ok(CpuGroup { tasks: dir.join("tasks") })
     }
+}
+
+/// The window of a CPU cap, µs.
+pub const PERIOD_US: u64 = 100_000;
+
+/// `cpu.cfs_quota_us` for a cap of `cores` per [`PERIOD_US`] (at least the kernel's 1 ms).
+pub fn quota_us(cores: f64) -> i64 {
+    ((cores * PERIOD_US as f64) as i64).max(1000)
 }
 
 /// cgroup v1 `cpu.shares` for a weight (1024 per [`DEFAULT_WEIGHT`], at least 2).
@@ -142,10 +157,17 @@ mod tests {
     }
 
     #[test]
+    fn caps_map_to_cfs_quotas() {
+        assert_eq!(quota_us(1.0), 100_000);
+        assert_eq!(quota_us(0.25), 25_000);
+        assert_eq!(quota_us(0.001), 1000, "the kernel's minimum");
+    }
+
+    #[test]
     fn a_host_without_the_hierarchy_says_why() {
         let d = tempfile::tempdir().unwrap();
         let s = CpuShares::new(d.path());
         assert!(s.unavailable().unwrap().contains("not a cgroup v1 `cpu` hierarchy"));
-        assert!(s.group("acme", 100).is_err());
+        assert!(s.group("acme", 100, None).is_err());
     }
 }
