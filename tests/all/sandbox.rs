@@ -731,6 +731,9 @@ fn sandbox_tenants_share_contended_cpu_by_weight_whatever_their_guests_do() {
 /// gets an error naming the limit it hit.
 #[test]
 fn sandbox_hostile_tenant_suite_against_weir_serve_leaves_the_other_tenant_running() {
+    // Components built before the server runs: its busy tenants would slow the builds down.
+    let bomb = std::fs::read(crate::support::py_component("examples/wordcount/counter-py/app.py")).unwrap();
+    let forger_wasm = std::fs::read(js_component("tests/guests/js/forger.js")).unwrap();
     let d = scratch();
     let tenant = |name: &str| {
         format!(
@@ -741,7 +744,8 @@ fn sandbox_hostile_tenant_suite_against_weir_serve_leaves_the_other_tenant_runni
     let serve = weir_serve(
         d.path(),
         &format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\nheader_timeout_ms = 1000\nmax_connections_per_ip = 32\n{}{}",
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\nheader_timeout_ms = 1000\nmax_connections_per_ip = 32\n{}{}\
+             [compile]\nmemory_mb = 100\n",
             tenant("victim"),
             tenant("attacker")
         ),
@@ -814,7 +818,7 @@ fn sandbox_hostile_tenant_suite_against_weir_serve_leaves_the_other_tenant_runni
 
     // CPU: 8 threads burning below every call limit.
     let hostile = upload(attacker, "test_hostile");
-    submit(attacker, &job("burn", &hostile, 8, "{ mode = \"burn\" }", "", ""));
+    let burn = submit(attacker, &job("burn", &hostile, 8, "{ mode = \"burn\" }", "", ""));
     // Host memory: timers of 60 KiB keys until the timer limit traps.
     let hoard = submit(
         attacker,
@@ -839,6 +843,28 @@ fn sandbox_hostile_tenant_suite_against_weir_serve_leaves_the_other_tenant_runni
             "",
         ),
     );
+    // Host memory through a loop: every record goes round twice, piling up on the back-edge.
+    let amplify = submit(
+        attacker,
+        &format!(
+            "[job]\nname = \"amplify\"\nmax_parallelism = 16\n[limits]\nmemory_mb = 32\nmax_feedback_mb = 4\n\
+             [restart]\nstrategy = \"none\"\n\
+             [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 16\nvalue_bytes = 1000\n\
+             [[operator]]\nid = \"op\"\ncomponent = \"{hostile}\"\nparallelism = 1\nconfig = {{ mode = \"amplify\" }}\n\
+             inputs = [{{ from = \"gen\", partition = \"hash\" }}, {{ from = \"op\", partition = \"hash\", feedback = true }}]\n\
+             [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"op\" }}]\n"
+        ),
+    );
+    // A buggy SDK: snapshots that name a state the operator never declared.
+    let forger = ok(attacker, "POST", "/v1/components", &forger_wasm)["component"].as_str().unwrap().to_string();
+    let forged_snapshots = submit(
+        attacker,
+        &job("forged", &forger, 1, "{ forge = \"undeclared\" }", "[restart]\nstrategy = \"none\"\n", "rate = 2000\n"),
+    );
+    // Compile time and memory: a component that takes hundreds of MB to compile.
+    // (As an upgrade of a running job: the upload route would refuse its 18 MB on max_disk_mb.)
+    let (s, v) = call(attacker, "POST", &format!("/v1/jobs/{burn}/operators/op/upgrade"), &bomb);
+    assert!(s == 400 && v["error"].as_str().unwrap().contains("memory_mb = 100 under [compile]"), "{s} {v}");
     // The API: 100 connections trickling request heads (32 per address get in).
     let mut trickling: Vec<std::net::TcpStream> = Vec::new();
     for i in 0..100 {
@@ -876,6 +902,8 @@ fn sandbox_hostile_tenant_suite_against_weir_serve_leaves_the_other_tenant_runni
     // Meanwhile: every attack failed on its own limit ...
     assert!(wait_failed(&hoard).contains("exceeded its timer limit"));
     assert!(wait_failed(&spin).contains("timers kept coming due"));
+    assert!(wait_failed(&amplify).contains("max_feedback_mb = 4 MiB"));
+    assert!(wait_failed(&forged_snapshots).contains("which the operator does not declare"));
     // ... and the victim keeps its throughput and its checkpoints, the burner still running.
     let next_to = rate();
     let done = checkpoints();
