@@ -1072,3 +1072,41 @@ fn sandbox_a_tenants_cpu_cap_holds_however_its_guests_burn() {
     assert_eq!(call("GET", &format!("/v1/jobs/{id}"), b"")["state"], "RUNNING");
     assert!(ticks as f64 <= cap * 1.25 + 10.0, "{ticks} ticks over a cap of {cap:.0}");
 }
+
+/// A job admitted under its tenant's disk quota cannot fill the disk with output: its file
+/// sink charges what it writes to the tenant's `max_disk_mb` and the job fails naming it,
+/// with the directory at most a chunk and a 256 KiB write buffer per writer past the quota.
+#[test]
+fn sandbox_a_job_writing_past_its_tenants_disk_quota_fails_naming_it() {
+    let d = scratch();
+    let token = "writer-token-0123456789";
+    let serve = weir_serve(
+        d.path(),
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[[tenant]]\nname = \"writer\"\ntoken = \"{token}\"\nmax_disk_mb = 8\n"
+        ),
+    );
+    let addr = serve.url.trim_start_matches("http://").to_string();
+    let call = |method: &str, path: &str, body: &[u8]| {
+        let (s, v) = weir::api::http::send(&addr, method, path, token, body, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        serde_json::from_str::<serde_json::Value>(&v).unwrap()
+    };
+    let job = "[job]\nname = \"fill\"\n[restart]\nstrategy = \"none\"\n\
+               [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000\nkeys = 8\nvalue_bytes = 1000\n\
+               [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = 2\ninputs = [{ from = \"gen\" }]\n";
+    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let cause = loop {
+        let st = call("GET", &format!("/v1/jobs/{id}"), b"");
+        if st["state"] == "FAILED" {
+            break st["cause"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "the job never failed: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(cause.contains("max_disk_mb = 8 MiB") && cause.contains("`writer`"), "{cause}");
+    let used = weir::runtime::disk_budget::disk_usage(&d.path().join("data/writer"));
+    let slack = 2 * (weir::runtime::disk_budget::CHUNK + (256 << 10));
+    assert!(used <= (8 << 20) + slack, "{used} bytes on disk, quota 8 MiB + {slack}");
+}

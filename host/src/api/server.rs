@@ -38,6 +38,7 @@ use crate::api::tenants::{ServerConfig, Tenant, confined};
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::operator::OperatorFactory;
 use crate::runtime::cpu_shares::{CpuGroup, CpuShares};
+use crate::runtime::disk_budget::DiskBudget;
 use crate::runtime::executor::{self, RestoreFrom, RunOptions};
 use crate::runtime::handle::JobHandle;
 use crate::sandbox::instance::{LoadedComponent, sha256_hex};
@@ -82,6 +83,8 @@ pub struct Api {
     /// compiles one component at a time, in one of the process's compile slots
     /// (`sandbox::compile_cache`), so it never holds up another tenant's compiles.
     compiling: Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
+    /// Each tenant's disk budget, shared by its running jobs.
+    disk_budgets: Mutex<BTreeMap<String, Arc<DiskBudget>>>,
     /// The front door's bounds.
     door: FrontDoor,
     /// Server mode: the tenants' CPU groups (kept alive for as long as the API).
@@ -118,6 +121,7 @@ impl Api {
             data_dir: None,
             next_id: AtomicU64::new(1),
             compiling: Mutex::default(),
+            disk_budgets: Mutex::default(),
             door: FrontDoor::default(),
             cpu: CpuShares::off("one job per process"),
             cpu_groups: BTreeMap::new(),
@@ -149,6 +153,7 @@ impl Api {
             data_dir: Some(config.data_dir.clone()),
             next_id: AtomicU64::new(1),
             compiling: Mutex::default(),
+            disk_budgets: Mutex::default(),
             door: config.front_door(),
             cpu,
             cpu_groups,
@@ -261,7 +266,7 @@ impl Api {
     /// Refuses `adding` bytes that would take the tenant's directory (uploads, outputs,
     /// checkpoints, savepoints) past its `max_disk_mb`.
     fn check_disk(&self, tenant: &Tenant, adding: u64) -> Result<(), Response> {
-        let used = disk_usage(&self.hosting_dir(tenant)?);
+        let used = crate::runtime::disk_budget::disk_usage(&self.hosting_dir(tenant)?);
         let quota = tenant.max_disk_mb.saturating_mul(1 << 20);
         if used.saturating_add(adding) > quota {
             return Err(Response::error(
@@ -277,6 +282,16 @@ impl Api {
             ));
         }
         Ok(())
+    }
+
+    /// `tenant`'s disk budget, shared by its running jobs (made at its first job).
+    fn disk_budget(&self, tenant: &Tenant) -> Result<Arc<DiskBudget>, Response> {
+        let dir = self.hosting_dir(tenant)?;
+        let mut budgets = self.disk_budgets.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(budgets
+            .entry(tenant.name.clone())
+            .or_insert_with(|| Arc::new(DiskBudget::new(&tenant.name, &dir, tenant.max_disk_mb)))
+            .clone())
     }
 
     /// Runs `f` (which may compile) with its compilations' CPU charged to `tenant`'s group.
@@ -477,6 +492,7 @@ impl Api {
             restore,
             allow_non_restored_state,
             cpu_group: self.cpu_groups.get(&tenant.name).cloned(),
+            disk_budget: Some(self.disk_budget(tenant).map_err(release)?),
             ..Default::default()
         };
         // Refused before it starts: a savepoint its components cannot take over, and so on.
@@ -506,22 +522,6 @@ impl Routes for Api {
 }
 
 /// Bytes of the files under `dir` (symbolic links are not followed, and count as nothing).
-fn disk_usage(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for e in entries.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(t) if t.is_file() => total += e.metadata().map_or(0, |m| m.len()),
-                _ => {}
-            }
-        }
-    }
-    total
-}
-
 /// Server mode: every path a job uses must lie in its tenant's directory, components must be
 /// uploaded ones (`sha256:<digest>`), and there is no stdin or stdout to share.
 fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {

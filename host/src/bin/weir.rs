@@ -624,6 +624,7 @@ fn run_job(
             endpoint: Some(endpoint),
             cpu_group: None,
             hold_input: None,
+            disk_budget: None,
         };
         let started_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);

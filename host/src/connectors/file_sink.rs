@@ -72,6 +72,9 @@ pub struct FileSink {
     next_part: u64,
     current: Option<(u64, BufWriter<File>)>,
     pending: Vec<(u64, u64)>,
+    /// The tenant's disk budget (`weir serve`), charged in chunks as lines are written.
+    budget: Option<std::sync::Arc<crate::runtime::disk_budget::DiskBudget>>,
+    uncharged: u64,
 }
 
 impl FileSink {
@@ -92,7 +95,16 @@ impl FileSink {
         adopted: &[(u32, SinkState)],
     ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let mut sink = FileSink { dir: dir.into(), subtask, format, next_part: 0, current: None, pending: Vec::new() };
+        let mut sink = FileSink {
+            dir: dir.into(),
+            subtask,
+            format,
+            next_part: 0,
+            current: None,
+            pending: Vec::new(),
+            budget: None,
+            uncharged: 0,
+        };
         if let Some(st) = restored {
             sink.next_part = st.next_part;
             recover(dir, subtask, st)?;
@@ -103,9 +115,21 @@ impl FileSink {
         Ok(sink)
     }
 
+    /// Charges what it writes to `budget` (a tenant's disk quota).
+    pub fn with_budget(mut self, budget: Option<std::sync::Arc<crate::runtime::disk_budget::DiskBudget>>) -> Self {
+        self.budget = budget;
+        self
+    }
+
     /// Appends a record.
     #[inline]
     pub fn write(&mut self, rec: RecordRef<'_>) -> std::io::Result<()> {
+        if let Some(b) = &self.budget {
+            self.uncharged += (rec.key.len() + rec.value.len() + 2) as u64;
+            if self.uncharged >= crate::runtime::disk_budget::CHUNK {
+                b.charge(std::mem::take(&mut self.uncharged)).map_err(std::io::Error::other)?;
+            }
+        }
         if self.current.is_none() {
             let part = self.next_part;
             self.next_part += 1;

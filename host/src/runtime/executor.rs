@@ -84,6 +84,8 @@ pub struct RunOptions {
     /// before the test has taken its savepoint, upgrade or stop (an event it controls, not a
     /// race with the machine's speed).
     pub hold_input: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The tenant's disk budget: file sinks charge what they write (`weir serve`).
+    pub disk_budget: Option<Arc<crate::runtime::disk_budget::DiskBudget>>,
 }
 
 /// Counters of one node at the end of a run.
@@ -668,9 +670,11 @@ fn run_attempt(
                             let st = restored.as_ref().and_then(|st| st.sink.clone());
                             let adopted = restored.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
                             SinkWriter::File(
-                                FileSink::open_adopting(path, s, *format, st.as_ref(), &adopted).map_err(|e| {
-                                    setup(format!("sink `{id}`: cannot write to {}: {e}", path.display()))
-                                })?,
+                                FileSink::open_adopting(path, s, *format, st.as_ref(), &adopted)
+                                    .map_err(|e| {
+                                        setup(format!("sink `{id}`: cannot write to {}: {e}", path.display()))
+                                    })?
+                                    .with_budget(opts.disk_budget.clone()),
                             )
                         }
                         SinkKind::Stdout { format } => SinkWriter::Stdout(*format),
