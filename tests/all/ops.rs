@@ -82,14 +82,17 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
     assert!(value(&first, "weir_checkpoint_last_duration_seconds", &labels[..2]).is_some_and(|v| v >= 0.0));
     assert!(value(&first, "weir_checkpoint_last_size_bytes", &labels[..2]).is_some_and(|v| v > 0.0));
     let before = value(&first, "weir_records_in_total", &labels).expect("records of node op");
-    // The counters move while the job runs.
+    let busy_before = value(&first, "weir_busy_seconds_total", &labels).expect("busy time of node op");
+    // The counters move while the job runs (busy time: the guest's calls add up).
     let t0 = Instant::now();
     loop {
-        let now = value(&scrape(&addr, OPS), "weir_records_in_total", &labels).unwrap();
-        if now > before {
+        let s = scrape(&addr, OPS);
+        let now = value(&s, "weir_records_in_total", &labels).unwrap();
+        let busy = value(&s, "weir_busy_seconds_total", &labels).unwrap();
+        if now > before && busy > busy_before {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(120), "weir_records_in_total stayed at {now}");
+        assert!(t0.elapsed() < Duration::from_secs(120), "weir_records_in_total stayed at {now}, busy at {busy}");
         std::thread::sleep(Duration::from_millis(50));
     }
     // Another tenant sees none of it; no token, nothing at all.

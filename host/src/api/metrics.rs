@@ -93,6 +93,19 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
     }
     family(
         &mut out,
+        "weir_busy_seconds_total",
+        "counter",
+        "Time the node's subtasks spent in guest calls (records, timers, watermarks), summed (rate() of it is \
+         Flink's busyTimeMsPerSecond / 1000, times the parallelism).",
+    );
+    for j in jobs {
+        for n in &j.status.nodes {
+            let v = n.busy_ms as f64 / 1e3;
+            let _ = writeln!(out, "weir_busy_seconds_total{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
+        }
+    }
+    family(
+        &mut out,
         "weir_dead_letters_total",
         "counter",
         "Records the operator returned an error for, sent to its dead-letter output (on_error = \"dead-letter\").",
@@ -162,6 +175,7 @@ mod tests {
                 records_out: 7,
                 backpressured_ms: 1500,
                 dead_letters: 2,
+                busy_ms: 250,
             }],
             upgrades: vec![],
         };
@@ -174,5 +188,6 @@ mod tests {
         assert!(text.contains("weir_checkpoint_last_duration_seconds{tenant=\"a\\\"b\",job=\"wc-1\"} 0.25\n"));
         assert!(text.contains("weir_backpressured_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 1.5\n"));
         assert!(text.contains("weir_dead_letters_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 2\n"));
+        assert!(text.contains("weir_busy_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 0.25\n"));
     }
 }

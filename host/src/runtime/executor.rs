@@ -362,6 +362,7 @@ fn run_attempts(
                     records_out: 0,
                     backpressured_ms: 0,
                     dead_letters: 0,
+                    busy_ms: 0,
                 })
                 .collect();
         }

@@ -125,6 +125,9 @@ pub struct NodeStatus {
     /// Records the operator failed on, sent to its dead-letter output.
     #[serde(default)]
     pub dead_letters: u64,
+    /// Milliseconds its subtasks spent in guest calls (operators; summed).
+    #[serde(default)]
+    pub busy_ms: u64,
 }
 
 /// What `status` reports.
@@ -203,6 +206,7 @@ impl JobHandle {
             (n.records_in, n.records_out) = m.read();
             n.backpressured_ms = m.backpressured_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
             n.dead_letters = m.dead_letters.load(std::sync::atomic::Ordering::Relaxed);
+            n.busy_ms = m.busy_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
         }
         st
     }

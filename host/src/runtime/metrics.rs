@@ -18,6 +18,9 @@ pub struct NodeMetrics {
     pub backpressured_ns: AtomicU64,
     /// Records sent to the dead-letter output (`on_error = "dead-letter"`).
     pub dead_letters: AtomicU64,
+    /// Nanoseconds its subtasks spent in guest calls for records, timers and watermarks
+    /// (operators), summed over subtasks.
+    pub busy_ns: AtomicU64,
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
     /// instead of blocking; this is their reported bound).
     pub feedback_peak_batches: AtomicU64,
@@ -35,6 +38,11 @@ impl NodeMetrics {
     #[inline]
     pub fn add_out(&self, n: u64) {
         self.records_out.fetch_add(n, Ordering::Relaxed);
+    }
+    /// Adds a guest call's time to `busy_ns`.
+    #[inline]
+    pub fn add_busy(&self, d: std::time::Duration) {
+        self.busy_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
     }
     /// (in, out).
     pub fn read(&self) -> (u64, u64) {

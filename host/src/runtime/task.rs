@@ -261,7 +261,10 @@ impl OperatorTask {
     fn process_batch(&mut self, input: usize, side: Side, batch: Batch) -> Result<(), TaskFailure> {
         let mut batch = batch;
         loop {
-            let (call, message) = match self.instance.process(side, &batch) {
+            let started = Instant::now();
+            let r = self.instance.process(side, &batch);
+            self.metrics.add_busy(started.elapsed());
+            let (call, message) = match r {
                 Ok(()) => return self.route_emitted(),
                 Err(GuestError::Failed { call, message }) => (call, message),
                 Err(e) => return Err(self.guest(e)),
@@ -327,7 +330,10 @@ impl OperatorTask {
             if due.is_empty() {
                 return Ok(());
             }
-            self.instance.on_timer(domain, &due).map_err(|e| self.guest(e))?;
+            let t = Instant::now();
+            let r = self.instance.on_timer(domain, &due);
+            self.metrics.add_busy(t.elapsed());
+            r.map_err(|e| self.guest(e))?;
             self.route_emitted()?;
         }
     }
@@ -335,7 +341,10 @@ impl OperatorTask {
     fn advance_watermark(&mut self, wm: i64) -> Result<(), TaskFailure> {
         self.instance.host().watermark = wm;
         self.fire_timers(TimeDomain::EventTime, wm)?;
-        self.instance.on_watermark(wm).map_err(|e| self.guest(e))?;
+        let t = Instant::now();
+        let r = self.instance.on_watermark(wm);
+        self.metrics.add_busy(t.elapsed());
+        r.map_err(|e| self.guest(e))?;
         self.route_emitted()?;
         if wm != i64::MAX {
             self.output.broadcast(|| Message::Watermark(wm)).map_err(|d| self.disconnected(d))?;
