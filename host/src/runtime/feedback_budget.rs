@@ -4,8 +4,9 @@
 //! §3.3): what a loop produces faster than it consumes piles up in host memory. A job's
 //! back-edges share one budget (`[limits] max_feedback_mb`): every batch sent on a back-edge
 //! adds its bytes, every batch a loop head takes off one subtracts them, and the subtask whose
-//! emit takes the total past the limit fails naming it. Memory held thus stays within the
-//! limit plus one batch per sender.
+//! emit takes the total past the limit fails naming it. The records a loop head logs for a
+//! checkpoint in progress count too, until the log is handed to the writer or dropped.
+//! Memory held thus stays within the limit plus one batch per sender.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -160,6 +160,11 @@ impl Inputs {
         self.channels.iter().map(|c| c.feedback).collect()
     }
 
+    /// The job's in-flight budget its back-edges count against, if it has any.
+    pub fn feedback_budget(&self) -> Option<std::sync::Arc<crate::runtime::feedback_budget::FeedbackBudget>> {
+        self.channels.iter().find_map(|c| c.budget.clone())
+    }
+
     /// Largest number of batches queued on any open back-edge right now.
     pub fn feedback_backlog(&self) -> usize {
         self.channels.iter().filter(|c| c.feedback && !c.done).map(|c| c.rx.len()).max().unwrap_or(0)

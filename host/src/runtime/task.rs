@@ -24,6 +24,7 @@ use crate::record::{Batch, NO_KEY_GROUP};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::failed_record;
 use crate::runtime::faults::{FaultKind, FaultPlan};
+use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
@@ -98,6 +99,38 @@ struct PendingHead {
     state: SubtaskState,
     log: Vec<LoggedBatch>,
     timing: Timing,
+    /// The job's in-flight budget: the log's bytes count against `max_feedback_mb` until
+    /// the log is handed to the writer or dropped.
+    budget: Option<Arc<FeedbackBudget>>,
+    log_bytes: u64,
+}
+
+impl PendingHead {
+    /// Keeps a batch that was in transit on a back-edge, charging it to the budget.
+    fn log(&mut self, side: u8, batch: &Batch) {
+        let bytes = batch.as_bytes().to_vec();
+        self.log_bytes += bytes.len() as u64;
+        if let Some(b) = &self.budget {
+            b.add(bytes.len() as u64);
+        }
+        self.log.push(LoggedBatch { side, records: batch.len(), bytes });
+    }
+
+    /// The log, handed on: its bytes leave the budget.
+    fn take_log(&mut self) -> Vec<LoggedBatch> {
+        if let Some(b) = &self.budget {
+            b.sub(std::mem::take(&mut self.log_bytes));
+        }
+        std::mem::take(&mut self.log)
+    }
+}
+
+impl Drop for PendingHead {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.sub(self.log_bytes);
+        }
+    }
 }
 
 /// Extra state of a task with feedback inputs (a loop head).
@@ -681,7 +714,8 @@ impl OperatorTask {
                 let t0 = Instant::now();
                 let state = self.snapshot_state(id)?;
                 let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
-                h.pending = Some(PendingHead { id, state, log: Vec::new(), timing });
+                let budget = self.inputs.feedback_budget();
+                h.pending = Some(PendingHead { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
                 self.fault_at_barrier(id)?;
                 if let Some(c) = h.lh.complete_now() {
                     self.head_outcome(h, HeadOutcome::Complete(c))?;
@@ -689,9 +723,10 @@ impl OperatorTask {
             }
             HeadOutcome::Complete(id) => {
                 if let Some(mut p) = h.pending.take().filter(|p| p.id == id) {
-                    p.state.backedge_log = p.log;
+                    let mut state = std::mem::take(&mut p.state);
+                    state.backedge_log = p.take_log();
                     if let Some(part) = self.checkpoints.as_mut() {
-                        part.submit(id, p.state, p.timing);
+                        part.submit(id, state, p.timing);
                     }
                 }
             }
@@ -800,6 +835,12 @@ impl OperatorTask {
                         }
                     }
                     Control::Abort(id) => {
+                        // An aborted checkpoint stops pulling from the guest at once.
+                        if self.draining.take_if(|d| d.id == id).is_some()
+                            && let Some(p) = self.checkpoints.as_mut()
+                        {
+                            p.abandon(id);
+                        }
                         self.upgrade.take_if(|(u, _)| *u == id);
                         if let Some(p) = self.checkpoints.as_mut() {
                             p.aborted(id);
@@ -839,7 +880,7 @@ impl OperatorTask {
                     {
                         // In transit on a back-edge in the checkpoint being taken: keep it.
                         let s = if side == Side::Right { 1 } else { 0 };
-                        p.log.push(LoggedBatch { side: s, records: batch.len(), bytes: batch.as_bytes().to_vec() });
+                        p.log(s, &batch);
                     }
                     self.process_batch(i, side, batch)?;
                     self.account(n);
@@ -964,5 +1005,37 @@ impl OperatorTask {
             self.drain_finish()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The records a loop head keeps for a checkpoint in progress are in flight too: they
+    /// count against the job's budget until handed to the writer or dropped (abort).
+    #[test]
+    fn a_loop_heads_log_counts_against_the_in_flight_budget_until_handed_on_or_dropped() {
+        let budget = Arc::new(FeedbackBudget::new(1 << 20));
+        let mut batch = Batch::default();
+        batch.push(0, 0, b"k", &[7u8; 1000]);
+        let one = batch.as_bytes().len() as u64;
+        let pending = |budget: &Arc<FeedbackBudget>| PendingHead {
+            id: CheckpointId(1),
+            state: SubtaskState::default(),
+            log: Vec::new(),
+            timing: Timing { align_ms: 0.0, sync_ms: 0.0, async_ms: 0.0 },
+            budget: Some(budget.clone()),
+            log_bytes: 0,
+        };
+        let mut p = pending(&budget);
+        p.log(0, &batch);
+        p.log(1, &batch);
+        assert_eq!(budget.held(), 2 * one);
+        let log = p.take_log();
+        assert_eq!((log.len(), log[1].side, budget.held()), (2, 1, 0));
+        p.log(0, &batch);
+        drop(p);
+        assert_eq!(budget.held(), 0, "an aborted checkpoint's log gives its bytes back");
     }
 }
