@@ -332,3 +332,52 @@ fn exactly_once_job_fails_with_the_cause_after_its_restart_attempts() {
     let e = executor::run(&bound, &opts).unwrap_err().to_string();
     assert!(e.contains("failed after 3 attempt(s)") && e.contains("oracle#0") && e.contains("injected trap"), "{e}");
 }
+
+/// An aborted checkpoint stops pulling its snapshot from the guest at once: the abort lands in
+/// the middle of a chunked drain (the subtask declines there and waits for it, so no clock
+/// decides), the drain is abandoned, the next snapshot is full, and a restore after a later
+/// failure gives exactly the failure-free output and state.
+#[test]
+fn exactly_once_a_checkpoint_aborted_mid_drain_abandons_it_and_later_restores_are_exact() {
+    use weir::runtime::faults::Fault;
+    let t = Topology {
+        name: "abandon",
+        sources: vec![("gen", 1, 60_000, 20_000)],
+        oracle_p: 1,
+        sink_p: 1,
+        incremental: true,
+    };
+    let base_dir = scratch();
+    let base = run(&t, base_dir.path(), None);
+    let fault = |after_records, after_checkpoints, kind| Fault {
+        attempt: 0,
+        node: "oracle".into(),
+        subtask: 0,
+        after_records,
+        after_checkpoints,
+        kind,
+    };
+    // Alone (one attempt, so its counters are this run's), then followed by a failure whose
+    // restore folds the checkpoints taken after the abandoned one.
+    for with_failure in [false, true] {
+        let mut faults = vec![fault(20_000, 1, FaultKind::DeclineWhileDraining)];
+        if with_failure {
+            faults.push(fault(40_000, 3, FaultKind::HostPanic));
+        }
+        let plan = Arc::new(FaultPlan::new(faults));
+        let dir = scratch();
+        let got = run(&t, dir.path(), Some(plan.clone()));
+        assert!(plan.unfired(0).is_empty(), "every fault fired: {:?}", plan.unfired(0));
+        assert_eq!(got.summary.attempts, if with_failure { 2 } else { 1 });
+        if !with_failure {
+            let oracle = got.summary.nodes.iter().find(|n| n.id.to_string() == "oracle").unwrap();
+            assert_eq!(oracle.snapshots_abandoned, 1, "the aborted checkpoint's drain was abandoned");
+        }
+        assert!(got.violations.is_empty(), "{:?}", &got.violations[..got.violations.len().min(5)]);
+        assert_eq!(got.lines, golden(&t), "with_failure = {with_failure}");
+        assert!(
+            got.state == base.state,
+            "final state differs from the failure-free run (with_failure = {with_failure})"
+        );
+    }
+}
