@@ -21,6 +21,7 @@ pub mod api;
 pub mod bench;
 pub mod checkpoint;
 pub mod connectors;
+pub mod disk_budget;
 pub mod graph;
 pub mod ids;
 pub mod job;

@@ -1106,7 +1106,55 @@ fn sandbox_a_job_writing_past_its_tenants_disk_quota_fails_naming_it() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(cause.contains("max_disk_mb = 8 MiB") && cause.contains("`writer`"), "{cause}");
-    let used = weir::runtime::disk_budget::disk_usage(&d.path().join("data/writer"));
-    let slack = 2 * (weir::runtime::disk_budget::CHUNK + (256 << 10));
+    let used = weir::disk_budget::disk_usage(&d.path().join("data/writer"));
+    let slack = 2 * (weir::disk_budget::CHUNK + (256 << 10));
     assert!(used <= (8 << 20) + slack, "{used} bytes on disk, quota 8 MiB + {slack}");
+}
+
+/// Checkpoints are disk a job writes too: each state file is charged to the tenant's
+/// `max_disk_mb` before it is written, and one that does not fit is declined naming the quota
+/// (counted in the job's status and `weir_checkpoints_failed_total`), while the job runs on.
+#[test]
+fn sandbox_checkpoints_past_the_tenants_disk_quota_are_declined_naming_it() {
+    let d = scratch();
+    let token = "keeper-token-0123456789";
+    let serve = weir_serve(
+        d.path(),
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[[tenant]]\nname = \"keeper\"\ntoken = \"{token}\"\nmax_disk_mb = 8\n"
+        ),
+    );
+    let addr = serve.url.trim_start_matches("http://").to_string();
+    let call = |method: &str, path: &str, body: &[u8]| {
+        let (s, v) = weir::api::http::send(&addr, method, path, token, body, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        serde_json::from_str::<serde_json::Value>(&v).unwrap()
+    };
+    let hostile = call("POST", "/v1/components", &std::fs::read(component("test_hostile")).unwrap())["component"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // 64 keys x 256 KiB of keyed state: 16 MiB per checkpoint, twice the quota.
+    let job = format!(
+        "[job]\nname = \"keep\"\nmax_parallelism = 16\n[checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 64\nrate = 2000\n\
+         [[operator]]\nid = \"op\"\ncomponent = \"{hostile}\"\nconfig = {{ mode = \"huge-snapshot\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"op\" }}]\n"
+    );
+    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let st = loop {
+        let st = call("GET", &format!("/v1/jobs/{id}"), b"");
+        if st["last_checkpoint_failure"].as_str().is_some_and(|f| f.contains("max_disk_mb")) {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint was declined on the quota: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(st["state"], "RUNNING", "{st}");
+    assert!(st["checkpoints_failed"].as_u64().unwrap() >= 1, "{st}");
+    let used = weir::disk_budget::disk_usage(&d.path().join("data/keeper"));
+    assert!(used <= (8 << 20) + (1 << 20), "{used} bytes on disk, quota 8 MiB");
+    call("POST", &format!("/v1/jobs/{id}/cancel"), b"");
 }

@@ -125,6 +125,10 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
     for j in jobs {
         let _ = writeln!(out, "weir_checkpoints_completed_total{{{}}} {}", labels(j), j.status.checkpoints);
     }
+    family(&mut out, "weir_checkpoints_failed_total", "counter", "Checkpoints that timed out or were declined.");
+    for j in jobs {
+        let _ = writeln!(out, "weir_checkpoints_failed_total{{{}}} {}", labels(j), j.status.checkpoints_failed);
+    }
     type Pick = fn(&CheckpointMetrics) -> f64;
     let last: [(&str, &str, Pick); 5] = [
         ("weir_checkpoint_last_duration_seconds", "Trigger to completion of the newest checkpoint.", |m| {
@@ -167,6 +171,8 @@ mod tests {
             attempts: 2,
             checkpoints: 5,
             last_checkpoint: Some(5),
+            checkpoints_failed: 1,
+            last_checkpoint_failure: None,
             nodes: vec![NodeStatus {
                 uid: "count".into(),
                 parallelism: 1,
@@ -188,6 +194,7 @@ mod tests {
         assert!(text.contains("weir_checkpoint_last_duration_seconds{tenant=\"a\\\"b\",job=\"wc-1\"} 0.25\n"));
         assert!(text.contains("weir_backpressured_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 1.5\n"));
         assert!(text.contains("weir_dead_letters_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 2\n"));
+        assert!(text.contains("weir_checkpoints_failed_total{tenant=\"a\\\"b\",job=\"wc-1\"} 1\n"));
         assert!(text.contains("weir_busy_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 0.25\n"));
     }
 }

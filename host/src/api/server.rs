@@ -35,10 +35,10 @@ use wasmtime::Engine;
 use crate::api::http::{self, Response};
 use crate::api::listener::{self, Caller, FrontDoor, Listening, Routes};
 use crate::api::tenants::{ServerConfig, Tenant, confined};
+use crate::disk_budget::DiskBudget;
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::operator::OperatorFactory;
 use crate::runtime::cpu_shares::{CpuGroup, CpuShares};
-use crate::runtime::disk_budget::DiskBudget;
 use crate::runtime::executor::{self, RestoreFrom, RunOptions};
 use crate::runtime::handle::JobHandle;
 use crate::sandbox::instance::{LoadedComponent, sha256_hex};
@@ -266,7 +266,7 @@ impl Api {
     /// Refuses `adding` bytes that would take the tenant's directory (uploads, outputs,
     /// checkpoints, savepoints) past its `max_disk_mb`.
     fn check_disk(&self, tenant: &Tenant, adding: u64) -> Result<(), Response> {
-        let used = crate::runtime::disk_budget::disk_usage(&self.hosting_dir(tenant)?);
+        let used = crate::disk_budget::disk_usage(&self.hosting_dir(tenant)?);
         let quota = tenant.max_disk_mb.saturating_mul(1 << 20);
         if used.saturating_add(adding) > quota {
             return Err(Response::error(

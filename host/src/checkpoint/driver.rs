@@ -134,6 +134,15 @@ struct PendingUpgrade {
     state_bytes: u64,
 }
 
+/// Counts a failed checkpoint in the job's status, with its reason.
+fn record_failure(cfg: &DriverConfig, id: CheckpointId, reason: &str) {
+    if let Some(st) = &cfg.status {
+        let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+        st.checkpoints_failed += 1;
+        st.last_checkpoint_failure = Some(format!("checkpoint {id}: {reason}"));
+    }
+}
+
 /// Runs the coordinator until the job's final checkpoint completes or `stop` is set.
 pub fn run(
     mut cfg: DriverConfig,
@@ -265,7 +274,9 @@ pub fn run(
                 final_id = None;
             }
             broadcast(Control::Abort(id));
-            aborted.push((id, format!("not complete within {} ms", cfg.settings.timeout_ms)));
+            let reason = format!("not complete within {} ms", cfg.settings.timeout_ms);
+            record_failure(&cfg, id, &reason);
+            aborted.push((id, reason));
         }
         // Before any event: an upgrade must not commit on a checkpoint that just timed out.
         fail_requests(&mut savepoint, &mut upgrade, &aborted, &send_to);
@@ -315,7 +326,9 @@ pub fn run(
                         final_id = None;
                     }
                     broadcast(Control::Abort(id));
-                    aborted.push((id, format!("declined by {}#{}: {reason}", cfg.nodes[t.node].uid, t.subtask)));
+                    let reason = format!("declined by {}#{}: {reason}", cfg.nodes[t.node].uid, t.subtask);
+                    record_failure(&cfg, id, &reason);
+                    aborted.push((id, reason));
                 }
             }
             Some(Event::Ack { task, id, ack }) => {

@@ -25,8 +25,27 @@ struct Open {
     started: Instant,
 }
 
-/// Runs the writer until every sender is dropped.
-pub fn run(store: CheckpointStore, jobs: Receiver<WriteMsg>, events: Sender<Event>) {
+/// Bytes a snapshot part or state is about to take on disk (its data; headers aside).
+fn state_bytes(groups: &[crate::checkpoint::snapshot::KeyGroupSnapshot]) -> u64 {
+    groups
+        .iter()
+        .map(|g| {
+            g.data.len() as u64
+                + g.event_timers.iter().chain(&g.processing_timers).map(|(_, k)| k.len() as u64 + 8).sum::<u64>()
+        })
+        .sum()
+}
+
+/// Runs the writer until every sender is dropped. With `budget` (a tenant's disk quota under
+/// `weir serve`), every state file is charged before it is written; one that does not fit is
+/// declined naming the quota.
+pub fn run(
+    store: CheckpointStore,
+    jobs: Receiver<WriteMsg>,
+    events: Sender<Event>,
+    budget: Option<std::sync::Arc<crate::disk_budget::DiskBudget>>,
+) {
+    let charge = |bytes: u64| budget.as_ref().map_or(Ok(()), |b| b.charge(bytes));
     // (task, checkpoint) whose file was not written: nothing may build on it.
     let mut lost: HashMap<(usize, u64), String> = HashMap::new();
     let mut open: HashMap<(usize, u64), Open> = HashMap::new();
@@ -41,9 +60,12 @@ pub fn run(store: CheckpointStore, jobs: Receiver<WriteMsg>, events: Sender<Even
                 if lost.contains_key(&(task, id.0)) {
                     continue;
                 }
-                let o = match open.remove(&(task, id.0)) {
-                    Some(o) => Ok(o),
-                    None => begin(id, &file),
+                let o = match charge(state_bytes(&groups)).map_err(std::io::Error::other) {
+                    Err(e) => Err(e),
+                    Ok(()) => match open.remove(&(task, id.0)) {
+                        Some(o) => Ok(o),
+                        None => begin(id, &file),
+                    },
                 };
                 let r = o.and_then(|mut o| {
                     groups.iter().try_for_each(|g| o.writer.group(g))?;
@@ -90,13 +112,22 @@ pub fn run(store: CheckpointStore, jobs: Receiver<WriteMsg>, events: Sender<Even
             }
             continue;
         }
-        let written = match open.remove(&key) {
-            // Appended chunk by chunk: count from the first chunk.
-            Some(o) => {
-                let t = o.started;
-                o.writer.finish(&job.state).and_then(|r| o.file.commit().map(|_| (r, t)))
+        let size = state_bytes(&job.state.keyed)
+            + job.state.operator_state.len() as u64
+            + job.state.backedge_log.iter().map(|b| b.bytes.len() as u64).sum::<u64>();
+        let written = match charge(size).map_err(std::io::Error::other) {
+            Err(e) => {
+                open.remove(&key);
+                Err(e)
             }
-            None => store.write_state(job.id, &job.file, &job.state).map(|r| (r, started)),
+            Ok(()) => match open.remove(&key) {
+                // Appended chunk by chunk: count from the first chunk.
+                Some(o) => {
+                    let t = o.started;
+                    o.writer.finish(&job.state).and_then(|r| o.file.commit().map(|_| (r, t)))
+                }
+                None => store.write_state(job.id, &job.file, &job.state).map(|r| (r, started)),
+            },
         };
         let event = match written {
             Ok(((bytes, crc32), since)) => {

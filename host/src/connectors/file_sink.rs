@@ -73,7 +73,7 @@ pub struct FileSink {
     current: Option<(u64, BufWriter<File>)>,
     pending: Vec<(u64, u64)>,
     /// The tenant's disk budget (`weir serve`), charged in chunks as lines are written.
-    budget: Option<std::sync::Arc<crate::runtime::disk_budget::DiskBudget>>,
+    budget: Option<std::sync::Arc<crate::disk_budget::DiskBudget>>,
     uncharged: u64,
 }
 
@@ -116,7 +116,7 @@ impl FileSink {
     }
 
     /// Charges what it writes to `budget` (a tenant's disk quota).
-    pub fn with_budget(mut self, budget: Option<std::sync::Arc<crate::runtime::disk_budget::DiskBudget>>) -> Self {
+    pub fn with_budget(mut self, budget: Option<std::sync::Arc<crate::disk_budget::DiskBudget>>) -> Self {
         self.budget = budget;
         self
     }
@@ -126,7 +126,7 @@ impl FileSink {
     pub fn write(&mut self, rec: RecordRef<'_>) -> std::io::Result<()> {
         if let Some(b) = &self.budget {
             self.uncharged += (rec.key.len() + rec.value.len() + 2) as u64;
-            if self.uncharged >= crate::runtime::disk_budget::CHUNK {
+            if self.uncharged >= crate::disk_budget::CHUNK {
                 b.charge(std::mem::take(&mut self.uncharged)).map_err(std::io::Error::other)?;
             }
         }

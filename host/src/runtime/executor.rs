@@ -85,7 +85,7 @@ pub struct RunOptions {
     /// race with the machine's speed).
     pub hold_input: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// The tenant's disk budget: file sinks charge what they write (`weir serve`).
-    pub disk_budget: Option<Arc<crate::runtime::disk_budget::DiskBudget>>,
+    pub disk_budget: Option<Arc<crate::disk_budget::DiskBudget>>,
 }
 
 /// Counters of one node at the end of a run.
@@ -721,9 +721,10 @@ fn run_attempt(
             };
             let (st, st2, stop2, done) = (store.clone(), store.clone(), stop.clone(), completed.clone());
             let ev = events_tx.clone();
+            let budget = opts.disk_budget.clone();
             let w = std::thread::Builder::new()
                 .name("checkpoint-writer".into())
-                .spawn(move || writer::run(st2, writer_rx, ev))
+                .spawn(move || writer::run(st2, writer_rx, ev, budget))
                 .map_err(|e| setup(format!("cannot start a thread: {e}")))?;
             let c = std::thread::Builder::new()
                 .name("checkpoint-coordinator".into())

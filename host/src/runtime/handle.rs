@@ -144,6 +144,12 @@ pub struct JobStatus {
     pub checkpoints: u64,
     /// Newest completed checkpoint id.
     pub last_checkpoint: Option<u64>,
+    /// Checkpoints that timed out or were declined.
+    #[serde(default)]
+    pub checkpoints_failed: u64,
+    /// Why the newest of those failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_failure: Option<String>,
     /// Per node.
     pub nodes: Vec<NodeStatus>,
     /// Live upgrades done.
@@ -188,6 +194,8 @@ impl JobHandle {
             attempts: 0,
             checkpoints: 0,
             last_checkpoint: None,
+            checkpoints_failed: 0,
+            last_checkpoint_failure: None,
             nodes: Vec::new(),
             upgrades: Vec::new(),
         }));

@@ -1,7 +1,6 @@
 //! Executing a job: subtasks on threads connected by bounded channels carrying batches.
 
 pub mod cpu_shares;
-pub mod disk_budget;
 pub mod error;
 pub mod executor;
 pub mod failed_record;
