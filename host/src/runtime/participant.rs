@@ -130,15 +130,6 @@ impl Participant {
         }
     }
 
-    /// Checkpoint `id` was aborted while its snapshot was being handed out in parts: the
-    /// writer drops what it has of it, and the next snapshot is full (the guest abandons the
-    /// unfinished one when asked for the next, and what it handed out of a delta is in no
-    /// checkpoint).
-    pub fn abandon(&mut self, id: CheckpointId) {
-        let _ = self.writer.send(WriteMsg::Abandon { task: self.task, id });
-        self.incremental.reset();
-    }
-
     /// Declines checkpoint `id`.
     pub fn decline(&mut self, id: CheckpointId, reason: String) {
         self.last = Some(self.last.map_or(id, |l| l.max(id)));
