@@ -424,13 +424,15 @@ pub fn run(
                         }
                     }
                     manifest.metrics.duration_ms = (now() - triggered_at) as f64;
+                    // History first: whoever sees the count rise (status, /metrics) finds the
+                    // checkpoint's metrics there.
+                    let _ = store.append_history(&manifest.metrics);
                     completed.count.fetch_add(1, Ordering::Relaxed);
                     if let Some(st) = &cfg.status {
                         let mut st = st.lock().unwrap();
                         st.checkpoints += 1;
                         st.last_checkpoint = Some(id.0);
                     }
-                    let _ = store.append_history(&manifest.metrics);
                     // The savepoint is copied out before retention can remove its checkpoint.
                     let mut stopping = None;
                     if let Some(sp) = savepoint.take_if(|s| s.id == Some(id)) {
