@@ -115,8 +115,7 @@ impl Participant {
     }
 
     fn submit_shared(&mut self, id: CheckpointId, state: Arc<SubtaskState>, timing: Timing, chain: Vec<ChainLink>) {
-        self.last = Some(self.last.map_or(id, |l| l.max(id)));
-        self.triggered.retain(|t| *t > id);
+        self.answered(id);
         let base_lost = self.base_lost.clone();
         let job = WriteJob { task: self.task, id, file: self.file.clone(), state, timing, chain, base_lost };
         let _ = self.writer.send(WriteMsg::Done(job));
@@ -130,9 +129,21 @@ impl Participant {
         }
     }
 
+    /// The snapshot for `id` begins (its first chunk is taken now; the rest may be drained
+    /// later): from here on `id` is answered, so the end of input never snapshots it again
+    /// (a second snapshot of the same checkpoint would replace the acknowledged file).
+    pub fn snapshot_begun(&mut self, id: CheckpointId) {
+        self.answered(id);
+    }
+
+    fn answered(&mut self, id: CheckpointId) {
+        self.last = Some(self.last.map_or(id, |l| l.max(id)));
+        self.triggered.retain(|t| *t > id);
+    }
+
     /// Declines checkpoint `id`.
     pub fn decline(&mut self, id: CheckpointId, reason: String) {
-        self.last = Some(self.last.map_or(id, |l| l.max(id)));
+        self.answered(id);
         self.incremental.dropped(id);
         let _ = self.events.send(Event::Decline { task: self.task, id, reason });
     }
@@ -226,5 +237,43 @@ pub fn on_barrier(
             aligned.then(|| (started, align_started.take()))
         }
         AlignOutcome::Obsolete | AlignOutcome::Continue => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn participant() -> (Participant, Receiver<WriteMsg>) {
+        let (_ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
+        let (ev_tx, _ev_rx) = crossbeam_channel::unbounded();
+        let (w_tx, w_rx) = crossbeam_channel::unbounded();
+        (Participant::new(0, "op-0.state".into(), ctl_rx, ev_tx, w_tx), w_rx)
+    }
+
+    /// A snapshot still being drained in chunks when the input ends is that checkpoint's
+    /// answer: the end of input must not take a second snapshot of it (which replaced the
+    /// acknowledged file under the same name and broke the checkpoint).
+    #[test]
+    fn a_checkpoint_whose_snapshot_began_is_not_answered_again_at_the_end_of_input() {
+        let (mut p, _w) = participant();
+        p.on_trigger(CheckpointId(4));
+        p.on_trigger(CheckpointId(5));
+        p.on_trigger(CheckpointId(6));
+        p.snapshot_begun(CheckpointId(5));
+        assert!(!p.is_new(CheckpointId(5)) && !p.is_new(CheckpointId(4)));
+        assert_eq!(p.announce_finished(), vec![CheckpointId(6)], "only triggers after the begun snapshot");
+    }
+
+    #[test]
+    fn triggers_seen_before_the_end_of_input_are_answered_once() {
+        let (mut p, w) = participant();
+        p.on_trigger(CheckpointId(7));
+        assert_eq!(p.announce_finished(), vec![CheckpointId(7)]);
+        p.submit(CheckpointId(7), SubtaskState::default(), Timing::default());
+        assert!(matches!(w.try_recv(), Ok(WriteMsg::Done(j)) if j.id == CheckpointId(7)));
+        assert!(!p.is_new(CheckpointId(7)) && p.is_new(CheckpointId(8)));
+        p.on_trigger(CheckpointId(7));
+        assert!(p.announce_finished().is_empty());
     }
 }

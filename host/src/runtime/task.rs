@@ -417,6 +417,9 @@ impl OperatorTask {
     /// draining first.
     fn begin_snapshot(&mut self, id: CheckpointId) -> Result<(SubtaskState, bool, bool), TaskFailure> {
         self.drain_all()?;
+        if let Some(p) = self.checkpoints.as_mut() {
+            p.snapshot_begun(id);
+        }
         let full = self.snapshot_mode(id);
         let mode = if full { SnapshotMode::Full } else { SnapshotMode::Incremental };
         let mut snap = self.instance.snapshot(id.0, mode).map_err(|e| self.guest(e))?;
@@ -934,6 +937,8 @@ impl OperatorTask {
     /// taken when its trigger comes (full or incremental like any other, streamed in chunks,
     /// so a large final state is never held in memory whole), until the job shuts down.
     fn after_input(&mut self) -> Result<(), TaskFailure> {
+        // A snapshot still being drained is its checkpoint's answer: finish it first.
+        self.drain_all()?;
         let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
         let control = p.control.clone();
         for c in p.announce_finished() {
