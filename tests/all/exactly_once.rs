@@ -227,7 +227,7 @@ fn exactly_once_with_incremental_checkpoints_under_seeded_failures() {
 /// and in steady state it writes a fraction of a full one.
 #[test]
 fn exactly_once_incremental_checkpoints_fold_to_the_exact_state_and_write_only_changes() {
-    check_exact_incremental(60_000, 12_000, 40_000);
+    check_exact_incremental(60_000, 12_000, 40_000, None);
 }
 
 /// The same with state large enough (~2.8 MB) that the operator hands every snapshot out in
@@ -235,10 +235,33 @@ fn exactly_once_incremental_checkpoints_fold_to_the_exact_state_and_write_only_c
 /// showing in a checkpoint breaks the equality.
 #[test]
 fn exactly_once_chunked_copy_on_write_snapshots_fold_to_the_exact_state() {
-    check_exact_incremental(600_000, 120_000, 200_000);
+    check_exact_incremental(600_000, 120_000, 200_000, None);
 }
 
-fn check_exact_incremental(count: u64, keys: u64, rate: u64) {
+/// Incremental checkpoints of chunked copy-on-write snapshots, five of them aborted in the
+/// middle of their drain (declined there, the abort awaited: no clock decides): each later
+/// checkpoint still folds to exactly the state at its source position.
+#[test]
+fn exactly_once_incremental_snapshots_abandoned_mid_drain_still_fold_to_the_exact_state() {
+    use weir::runtime::faults::Fault;
+    let faults = (1..6)
+        .map(|k| Fault {
+            attempt: 0,
+            node: "oracle".into(),
+            subtask: 0,
+            after_records: 50_000 * k,
+            after_checkpoints: 2 * k,
+            kind: FaultKind::DeclineWhileDraining,
+        })
+        .collect();
+    let plan = Arc::new(FaultPlan::new(faults));
+    let summary = check_exact_incremental(600_000, 120_000, 200_000, Some(plan.clone()));
+    assert!(plan.unfired(0).is_empty(), "every fault fired: {:?}", plan.unfired(0));
+    let oracle = summary.nodes.iter().find(|n| n.id.to_string() == "oracle").unwrap();
+    assert_eq!(oracle.snapshots_abandoned, 5, "each aborted checkpoint's drain was abandoned");
+}
+
+fn check_exact_incremental(count: u64, keys: u64, rate: u64, faults: Option<Arc<FaultPlan>>) -> executor::RunSummary {
     let dir = scratch();
     let toml = format!(
         "[job]\nname = \"inc\"\nmax_parallelism = 16\nbatch_size = 64\n\
@@ -251,7 +274,7 @@ fn check_exact_incremental(count: u64, keys: u64, rate: u64) {
     let path = dir.path().join("job.toml");
     std::fs::write(&path, &toml).unwrap();
     let bound = job::bind::bind(&new_engine().unwrap(), job::parse(&path, &toml).unwrap()).unwrap();
-    executor::run(&bound, &RunOptions { quiet_guests: true, ..Default::default() }).unwrap();
+    let s = executor::run(&bound, &RunOptions { quiet_guests: true, faults, ..Default::default() }).unwrap();
     let store = CheckpointStore::new(&dir.path().join("chk"), "inc");
     let (mut full, mut deltas, mut steady, mut chained) = (0u64, 0, Vec::new(), None);
     for l in store.list() {
@@ -292,6 +315,7 @@ fn check_exact_incremental(count: u64, keys: u64, rate: u64) {
     let median = steady[steady.len() / 2];
     // 50 ms at `rate` changes a sixth of the keys at most.
     assert!(median * 3 < full, "an incremental checkpoint writes {median} bytes, a full one {full}");
+    s
 }
 
 #[test]
@@ -331,4 +355,53 @@ fn exactly_once_job_fails_with_the_cause_after_its_restart_attempts() {
     let opts = RunOptions { quiet_guests: true, faults: Some(Arc::new(FaultPlan::new(faults))), ..Default::default() };
     let e = executor::run(&bound, &opts).unwrap_err().to_string();
     assert!(e.contains("failed after 3 attempt(s)") && e.contains("oracle#0") && e.contains("injected trap"), "{e}");
+}
+
+/// An aborted checkpoint stops pulling its snapshot from the guest at once: the abort lands in
+/// the middle of a chunked drain (the subtask declines there and waits for it, so no clock
+/// decides), the drain is abandoned, the next snapshot is full, and a restore after a later
+/// failure gives exactly the failure-free output and state.
+#[test]
+fn exactly_once_a_checkpoint_aborted_mid_drain_abandons_it_and_later_restores_are_exact() {
+    use weir::runtime::faults::Fault;
+    let t = Topology {
+        name: "abandon",
+        sources: vec![("gen", 1, 60_000, 20_000)],
+        oracle_p: 1,
+        sink_p: 1,
+        incremental: true,
+    };
+    let base_dir = scratch();
+    let base = run(&t, base_dir.path(), None);
+    let fault = |after_records, after_checkpoints, kind| Fault {
+        attempt: 0,
+        node: "oracle".into(),
+        subtask: 0,
+        after_records,
+        after_checkpoints,
+        kind,
+    };
+    // Alone (one attempt, so its counters are this run's), then followed by a failure whose
+    // restore folds the checkpoints taken after the abandoned one.
+    for with_failure in [false, true] {
+        let mut faults = vec![fault(20_000, 1, FaultKind::DeclineWhileDraining)];
+        if with_failure {
+            faults.push(fault(40_000, 3, FaultKind::HostPanic));
+        }
+        let plan = Arc::new(FaultPlan::new(faults));
+        let dir = scratch();
+        let got = run(&t, dir.path(), Some(plan.clone()));
+        assert!(plan.unfired(0).is_empty(), "every fault fired: {:?}", plan.unfired(0));
+        assert_eq!(got.summary.attempts, if with_failure { 2 } else { 1 });
+        if !with_failure {
+            let oracle = got.summary.nodes.iter().find(|n| n.id.to_string() == "oracle").unwrap();
+            assert_eq!(oracle.snapshots_abandoned, 1, "the aborted checkpoint's drain was abandoned");
+        }
+        assert!(got.violations.is_empty(), "{:?}", &got.violations[..got.violations.len().min(5)]);
+        assert_eq!(got.lines, golden(&t), "with_failure = {with_failure}");
+        assert!(
+            got.state == base.state,
+            "final state differs from the failure-free run (with_failure = {with_failure})"
+        );
+    }
 }

@@ -165,6 +165,14 @@ pub enum WriteMsg {
     },
     /// The (rest of the) snapshot: write, fsync, ack.
     Done(WriteJob),
+    /// The checkpoint was aborted while its snapshot was handed out in parts: close and drop
+    /// what was written of it (no `Done` follows).
+    Abandon {
+        /// Global task index.
+        task: usize,
+        /// Checkpoint.
+        id: CheckpointId,
+    },
 }
 
 /// A snapshot handed from a subtask to the asynchronous writer.

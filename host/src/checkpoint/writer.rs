@@ -85,6 +85,13 @@ pub fn run(
                 continue;
             }
             WriteMsg::Done(job) => job,
+            WriteMsg::Abandon { task, id } => {
+                // The partial file stays in the aborted checkpoint's directory, which has no
+                // manifest and is never restored from.
+                open.remove(&(task, id.0));
+                lost.remove(&(task, id.0));
+                continue;
+            }
         };
         let started = Instant::now();
         let key = (job.task, job.id.0);

@@ -101,6 +101,8 @@ pub struct NodeSummary {
     pub feedback_peak_batches: u64,
     /// Latency-measuring sinks: quantiles over every record after the warm-up.
     pub latency: Option<LatencySummary>,
+    /// Snapshots abandoned half-drained because their checkpoint was aborted.
+    pub snapshots_abandoned: u64,
 }
 
 /// Records stamped within this long of a latency sink's first record are not measured
@@ -871,7 +873,15 @@ fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) 
             let (records_in, records_out) = m.read();
             let feedback_peak_batches = m.feedback_peak_batches.load(Ordering::Relaxed);
             let latency = m.latency.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|h| h.summary());
-            NodeSummary { id: n.id.clone(), records_in, records_out, feedback_peak_batches, latency }
+            let snapshots_abandoned = m.snapshots_abandoned.load(Ordering::Relaxed);
+            NodeSummary {
+                id: n.id.clone(),
+                records_in,
+                records_out,
+                feedback_peak_batches,
+                latency,
+                snapshots_abandoned,
+            }
         })
         .collect()
 }

@@ -27,6 +27,10 @@ pub enum FaultKind {
     /// A loop head fails while its back-edge log for a checkpoint is open (after its state
     /// copy, before the barrier has come back round the loop).
     WhileLogging,
+    /// Not a failure: while its snapshot is handed out in chunks, the subtask declines the
+    /// checkpoint and waits until the abort that follows has arrived (so the abort lands in
+    /// the middle of the drain, whatever the machine's speed).
+    DeclineWhileDraining,
 }
 
 /// One planned failure.
@@ -143,6 +147,16 @@ impl FaultPlan {
     pub fn due_while_logging(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> bool {
         self.take(attempt, node, subtask, |f| {
             f.kind == FaultKind::WhileLogging && records >= f.after_records && checkpoints >= f.after_checkpoints
+        })
+        .is_some()
+    }
+
+    /// Whether to decline the checkpoint being drained now.
+    pub fn due_while_draining(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> bool {
+        self.take(attempt, node, subtask, |f| {
+            f.kind == FaultKind::DeclineWhileDraining
+                && self.records_met(f, records)
+                && checkpoints >= f.after_checkpoints
         })
         .is_some()
     }

@@ -18,6 +18,8 @@ pub struct NodeMetrics {
     pub backpressured_ns: AtomicU64,
     /// Records sent to the dead-letter output (`on_error = "dead-letter"`).
     pub dead_letters: AtomicU64,
+    /// Snapshots abandoned half-drained because their checkpoint was aborted.
+    pub snapshots_abandoned: AtomicU64,
     /// Nanoseconds its subtasks spent in guest calls for records, timers and watermarks
     /// (operators), summed over subtasks.
     pub busy_ns: AtomicU64,

@@ -141,6 +141,15 @@ impl Participant {
         self.triggered.retain(|t| *t > id);
     }
 
+    /// Checkpoint `id` was aborted while its snapshot was being handed out in parts: the
+    /// writer drops what it has of it, and the next snapshot is full (the guest abandons the
+    /// unfinished one when asked for the next, and what it handed out of a delta is in no
+    /// checkpoint).
+    pub fn abandon(&mut self, id: CheckpointId) {
+        let _ = self.writer.send(WriteMsg::Abandon { task: self.task, id });
+        self.incremental.reset();
+    }
+
     /// Declines checkpoint `id`.
     pub fn decline(&mut self, id: CheckpointId, reason: String) {
         self.answered(id);

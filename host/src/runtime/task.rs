@@ -499,11 +499,36 @@ impl OperatorTask {
         if let Some(p) = self.checkpoints.as_ref() {
             p.submit_part(d.id, groups);
         }
+        let id = d.id;
         self.draining = Some(d);
         if !more {
             self.drain_finish()?;
+        } else {
+            self.fault_while_draining(id)?;
         }
         Ok(())
+    }
+
+    /// Failure injection: decline checkpoint `id` in the middle of its drain and wait for
+    /// the abort (queued for the task loop, which handles it before anything else).
+    fn fault_while_draining(&mut self, id: CheckpointId) -> Result<(), TaskFailure> {
+        let Some(f) = &self.faults else { return Ok(()) };
+        let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+        if !f.plan.due_while_draining(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
+            return Ok(());
+        }
+        let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
+        p.decline(id, "injected: declined while its snapshot was being drained".into());
+        loop {
+            match p.control.recv() {
+                Ok(Control::Abort(a)) if a == id => {
+                    self.deferred.push_back(Control::Abort(a));
+                    return Ok(());
+                }
+                Ok(other) => self.deferred.push_back(other),
+                Err(_) => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
+            }
+        }
     }
 
     /// Hands a snapshot whose last chunk arrived to the writer.
@@ -520,10 +545,25 @@ impl OperatorTask {
 
     /// Completes the snapshot being drained, if any.
     fn drain_all(&mut self) -> Result<(), TaskFailure> {
-        while self.draining.is_some() {
+        while let Some(id) = self.draining.as_ref().map(|d| d.id) {
+            if self.deferred.iter().any(|c| matches!(c, Control::Abort(a) if *a == id)) {
+                self.abandon_drain(id);
+                break;
+            }
             self.drain_step()?;
         }
         Ok(())
+    }
+
+    /// Checkpoint `id` was aborted: if its snapshot is still being drained, stop pulling it
+    /// (the writer drops its partial file; the next snapshot is full).
+    fn abandon_drain(&mut self, id: CheckpointId) {
+        if self.draining.take_if(|d| d.id == id).is_some()
+            && let Some(p) = self.checkpoints.as_mut()
+        {
+            p.abandon(id);
+            self.metrics.snapshots_abandoned.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A whole snapshot, now (loop heads, upgrades, the final state).
@@ -742,7 +782,9 @@ impl OperatorTask {
         let Some(f) = &self.faults else { return Ok(()) };
         let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
         match f.plan.due(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
-            None | Some(FaultKind::DuringCheckpoint) | Some(FaultKind::WhileLogging) => Ok(()),
+            None | Some(FaultKind::DuringCheckpoint | FaultKind::WhileLogging | FaultKind::DeclineWhileDraining) => {
+                Ok(())
+            }
             Some(FaultKind::HostPanic) => panic!("injected host panic in {}", self.id),
             Some(FaultKind::GuestTrap) => {
                 let kg = self.instance.host().task.key_group_start;
@@ -838,6 +880,8 @@ impl OperatorTask {
                         }
                     }
                     Control::Abort(id) => {
+                        // An aborted checkpoint stops pulling from the guest at once.
+                        self.abandon_drain(id);
                         self.upgrade.take_if(|(u, _)| *u == id);
                         if let Some(p) = self.checkpoints.as_mut() {
                             p.aborted(id);
