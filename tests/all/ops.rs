@@ -145,3 +145,218 @@ fn ops_backpressured_time_rises_behind_a_slow_consumer() {
     );
     call(&addr, "POST", &format!("/v1/jobs/{id}/cancel"), b"");
 }
+
+/// Submits a job file as tenant `ops`; its id.
+fn submit(addr: &str, job: &str) -> String {
+    call(addr, "POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string()
+}
+
+/// Polls the job's status until `done` holds (bounded: a failure, not a trigger).
+fn await_status(addr: &str, id: &str, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let st = call(addr, "GET", &format!("/v1/jobs/{id}"), b"");
+        if done(&st) {
+            return st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(180), "job {id} never {what}: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Evaluates `js` in the page until it yields something other than null/false/undefined;
+/// that value. (Bounded: the page's own events decide when; the bound only fails the test.)
+fn page_until(tab: &headless_chrome::Tab, what: &str, js: &str) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let v = tab.evaluate(js, false).expect("evaluating in the page").value;
+        if let Some(v) = v.filter(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
+            return v;
+        }
+        if t0.elapsed() > Duration::from_secs(180) {
+            let text = tab.evaluate("document.body.innerText", false).ok().and_then(|r| r.value);
+            panic!("the page never showed {what} ({js}); its text:\n{}", text.unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The dashboard in a real browser (Debian's headless Chromium over the DevTools protocol):
+/// without a token it asks for one; with it, the job list, a running job's graph with live
+/// rates on its nodes and edges, a completed checkpoint and its per-subtask detail, a failed
+/// job's root cause, and a savepoint taken by clicking the page's button (then found on
+/// disk, loadable). Another tenant's token shows none of it. A screenshot is saved to
+/// `target/tmp/ops-dashboard.png`.
+#[test]
+fn ops_dashboard_in_headless_chromium_shows_jobs_rates_checkpoints_failures_and_takes_a_savepoint() {
+    use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
+    use headless_chrome::{Browser, LaunchOptions};
+
+    let d = scratch();
+    let server = hosting(d.path(), &[("ops", OPS), ("other", OTHER)]);
+    let addr = server.addr.to_string();
+    let oracle = upload(&addr, "test_oracle");
+    let hostile = upload(&addr, "test_hostile");
+    let running = submit(
+        &addr,
+        &format!(
+            "[job]\nname = \"counting\"\nmax_parallelism = 16\n\
+             [checkpoint]\ninterval_ms = 200\ndir = \"chk\"\nretained = 100000\n\
+             [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 16\nrate = 5000\n\
+             [[operator]]\nid = \"op\"\ncomponent = \"{oracle}\"\nparallelism = 2\nconfig = {{ keys = \"16\" }}\n\
+             inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+             [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"op\" }}]\n"
+        ),
+    );
+    let failing = submit(
+        &addr,
+        &format!(
+            "[job]\nname = \"doomed\"\n[restart]\nstrategy = \"none\"\n\
+             [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 100\nkeys = 4\n\
+             [[operator]]\nid = \"bad\"\ncomponent = \"{hostile}\"\nconfig = {{ mode = \"bad-emit\" }}\n\
+             inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+             [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"bad\" }}]\n"
+        ),
+    );
+    let failed = await_status(&addr, &failing, "failed", |s| s["state"] == "FAILED");
+    let cause = failed["cause"].as_str().unwrap().to_string();
+    await_status(&addr, &running, "completed a checkpoint", |s| s["checkpoints"].as_u64() >= Some(1));
+
+    let options = LaunchOptions::default_builder()
+        .path(Some(crate::support::chromium()))
+        .headless(true)
+        // Root in a container: Chromium's own sandbox needs user namespaces it may not have.
+        .sandbox(false)
+        .window_size(Some((1400, 1300)))
+        .idle_browser_timeout(Duration::from_secs(600))
+        .args(vec![std::ffi::OsStr::new("--disable-dev-shm-usage"), std::ffi::OsStr::new("--disable-gpu")])
+        .build()
+        .unwrap();
+    let browser = Browser::new(options).expect("starting headless Chromium");
+    let anonymous = browser.new_tab().unwrap();
+    anonymous.set_default_timeout(Duration::from_secs(120));
+
+    // No token: the page asks for one and shows nothing else.
+    anonymous.navigate_to(&format!("http://{addr}/ui/")).unwrap().wait_until_navigated().unwrap();
+    page_until(
+        &anonymous,
+        "the token form",
+        "!document.querySelector('#login').hidden && document.querySelector('#main').hidden",
+    );
+
+    // The token in the fragment (never sent to the server) opens the jobs list, and leaves the URL.
+    let tab = browser.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(120));
+    tab.navigate_to(&format!("http://{addr}/ui/#token={OPS}")).unwrap().wait_until_navigated().unwrap();
+    page_until(&tab, "both jobs", "document.querySelectorAll('#jobs tbody tr').length === 2");
+    let url = tab.evaluate("location.href", false).unwrap().value.unwrap();
+    assert!(!url.as_str().unwrap().contains(OPS), "the token stays in the address bar: {url}");
+    page_until(
+        &tab,
+        "the failed job's state and cause in the list",
+        &format!(
+            "(r => r && r.dataset.state === 'FAILED' && r.querySelector('.cause-cell').textContent.length > 0)\
+             (document.querySelector('#jobs tr[data-job=\"{failing}\"]'))"
+        ),
+    );
+
+    // The failed job: its root cause, as the API reports it.
+    tab.find_element(&format!("#jobs tr[data-job=\"{failing}\"]")).unwrap().click().unwrap();
+    let shown = page_until(
+        &tab,
+        "the failed job's root cause",
+        &format!(
+            "document.querySelector('#job-id').textContent === '{failing}' && !document.querySelector('#job-cause').hidden \
+             && document.querySelector('#job-cause').textContent"
+        ),
+    );
+    assert!(shown.as_str().unwrap().contains(&cause), "the page shows {shown}, the API {cause}");
+    assert!(cause.contains("bad"), "the cause names the operator: {cause}");
+
+    // The running job: its graph, with rates on the nodes, and its edges.
+    tab.find_element(&format!("#jobs tr[data-job=\"{running}\"]")).unwrap().click().unwrap();
+    page_until(
+        &tab,
+        "a rate on the operator's node",
+        "Number(document.querySelector('#graph g.node[data-uid=\"op\"]')?.getAttribute('data-rate-in')) > 0",
+    );
+    page_until(
+        &tab,
+        "a rate on the source's node",
+        "Number(document.querySelector('#graph g.node[data-uid=\"gen\"]')?.getAttribute('data-rate-out')) > 0",
+    );
+    for (from, to) in [("gen", "op"), ("op", "out")] {
+        let sel = format!("#graph path.edge[data-from=\"{from}\"][data-to=\"{to}\"]");
+        page_until(&tab, &format!("the edge {from} -> {to}"), &format!("!!document.querySelector('{sel}')"));
+    }
+    let label = page_until(
+        &tab,
+        "the node's label",
+        "document.querySelector('#graph g.node[data-uid=\"op\"] .rate')?.textContent",
+    );
+    assert!(label.as_str().unwrap().contains("/s"), "{label}");
+
+    // A completed checkpoint in the history, and its per-subtask detail.
+    page_until(
+        &tab,
+        "a completed checkpoint",
+        "!!document.querySelector('#checkpoints tr.ckpt[data-status=\"COMPLETED\"]')",
+    );
+    tab.find_element("#checkpoints tr.ckpt[data-status=\"COMPLETED\"] button.detail").unwrap().click().unwrap();
+    let rows = page_until(
+        &tab,
+        "the checkpoint's subtasks",
+        "(t => t && t.querySelectorAll('tbody tr').length)(document.querySelector('#ckpt-subtasks'))",
+    );
+    assert_eq!(rows.as_u64(), Some(4), "gen#0, op#0, op#1, out#0");
+
+    // A savepoint from the page's button: the page names it, and it is on disk and loads.
+    tab.find_element("#btn-savepoint").unwrap().click().unwrap();
+    let said = page_until(
+        &tab,
+        "the savepoint's path",
+        "(e => e.className === 'ok' && e.textContent)(document.querySelector('#action-result'))",
+    );
+    let said = said.as_str().unwrap();
+    let path = said.strip_prefix("Savepoint written: ").and_then(|s| s.split(" (checkpoint").next()).expect(said);
+    let sp = weir::checkpoint::storage::load(std::path::Path::new(path)).expect("the savepoint loads");
+    assert!(sp.states.keys().any(|(uid, _)| uid == "op"), "{said}");
+
+    let png = tab.capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a screenshot of the page");
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ops-dashboard.png");
+    std::fs::write(&shot, &png).unwrap();
+
+    // Another tenant's token: none of these jobs.
+    let theirs = browser.new_tab().unwrap();
+    theirs.navigate_to(&format!("http://{addr}/ui/#token={OTHER}")).unwrap().wait_until_navigated().unwrap();
+    page_until(&theirs, "an empty job list", "!document.querySelector('#no-jobs').hidden");
+    assert_eq!(theirs.evaluate("document.querySelectorAll('#jobs tbody tr').length", false).unwrap().value.unwrap(), 0);
+
+    call(&addr, "POST", &format!("/v1/jobs/{running}/cancel"), b"");
+}
+
+/// The dashboard's files are served without a token (they hold no data), with a policy
+/// that runs only their own script; the data behind them still needs the token.
+#[test]
+fn ops_dashboard_assets_are_public_and_locked_down_while_the_data_needs_a_token() {
+    let d = scratch();
+    let server = hosting(d.path(), &[("ops", OPS)]);
+    let addr = server.addr.to_string();
+    for path in ["/", "/ui/", "/ui/app.js", "/ui/app.css"] {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut raw = String::new();
+        std::io::Read::read_to_string(&mut s, &mut raw).unwrap();
+        let head = raw.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{path}: {head}");
+        assert!(head.contains("content-security-policy: default-src 'none'; script-src 'self'"), "{path}: {head}");
+        assert!(head.contains("x-content-type-options: nosniff") && head.contains("frame-ancestors 'none'"), "{head}");
+    }
+    let (s, _) = send(&addr, "GET", "/v1/jobs", "", b"", Duration::from_secs(60)).unwrap();
+    assert_eq!(s, 401, "the API behind the page needs the token");
+}

@@ -173,3 +173,23 @@ pub fn weir() -> Command {
 pub fn toml_path(p: &Path) -> String {
     format!("{:?}", p.display().to_string())
 }
+
+/// Debian's Chromium for the dashboard test, installed with apt-get on first use (as root),
+/// once per test run; its path.
+pub fn chromium() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let script = "command -v chromium >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
+             apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+             { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; }; }; \
+             command -v chromium";
+        let out = Command::new("bash").args(["-c", script]).output().expect("running bash");
+        assert!(
+            out.status.success(),
+            "installing Chromium failed (apt-get install chromium, as root):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}

@@ -18,7 +18,9 @@
 //! - **requests in flight** are capped per tenant (its `max_requests` quota), and a handler runs
 //!   on the runtime's blocking pool: a slow savepoint or compile of one tenant holds a thread of
 //!   that tenant's, never the accept loop, and a handler that panics answers 500 and takes
-//!   nothing else down.
+//!   nothing else down;
+//! - the **dashboard's files** (`dashboard.rs`) are answered before authentication: they are
+//!   static, hold no data, and cost no handler or tenant slot.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -35,6 +37,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::Notify;
 
+use crate::api::dashboard::{self, Asset};
 use crate::api::http::{Request, Response};
 
 /// The bounds of the front door (defaults in [`FrontDoor::default`]; `weir serve` takes them
@@ -255,6 +258,11 @@ async fn serve_connection<R: Routes>(stream: tokio::net::TcpStream, shared: Arc<
 /// Authenticates, reads the body within its bounds, and runs the route on the blocking pool.
 async fn answer<R: Routes>(shared: &Arc<Shared<R>>, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
     let door = shared.door;
+    if matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD)
+        && let Some(a) = dashboard::asset(req.uri().path())
+    {
+        return asset_reply(a);
+    }
     let token = req
         .headers()
         .get(AUTHORIZATION)
@@ -305,6 +313,19 @@ async fn answer<R: Routes>(shared: &Arc<Shared<R>>, req: hyper::Request<Incoming
     reply(resp)
 }
 
+/// One of the dashboard's files, with the headers that keep it to its own script.
+fn asset_reply(a: Asset) -> hyper::Response<Full<Bytes>> {
+    use hyper::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, HeaderValue, REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS};
+    let mut resp = hyper::Response::new(Full::new(Bytes::from_static(a.body)));
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(a.content_type));
+    h.insert(CONTENT_SECURITY_POLICY, HeaderValue::from_static(dashboard::CONTENT_SECURITY_POLICY));
+    h.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
 fn too_large(door: FrontDoor) -> Response {
     Response::error(413, format!("the body exceeds {} bytes", door.max_body))
 }
@@ -313,6 +334,8 @@ fn reply(r: Response) -> hyper::Response<Full<Bytes>> {
     let mut resp = hyper::Response::new(Full::new(Bytes::from(r.body)));
     *resp.status_mut() = hyper::StatusCode::from_u16(r.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(r.content_type));
+    resp.headers_mut()
+        .insert(hyper::header::X_CONTENT_TYPE_OPTIONS, hyper::header::HeaderValue::from_static("nosniff"));
     resp
 }
 

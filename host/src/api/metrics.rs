@@ -173,6 +173,7 @@ mod tests {
             last_checkpoint: Some(5),
             checkpoints_failed: 1,
             last_checkpoint_failure: None,
+            checkpoint_failures: vec![],
             nodes: vec![NodeStatus {
                 uid: "count".into(),
                 parallelism: 1,
@@ -182,6 +183,8 @@ mod tests {
                 backpressured_ms: 1500,
                 dead_letters: 2,
                 busy_ms: 250,
+                kind: "operator".into(),
+                inputs: vec![],
             }],
             upgrades: vec![],
         };

@@ -5,9 +5,11 @@
 //! HTTP is hyper's (`listener.rs`, on a tokio runtime of its own): a shared server faces
 //! trickling, smuggling and malformed clients, which a well-kept HTTP library handles and a
 //! hand-written parser keeps getting wrong. The routes stay blocking (`server.rs`): they wait
-//! on job threads and channels, and run on the runtime's blocking pool.
+//! on job threads and channels, and run on the runtime's blocking pool. The web dashboard
+//! (`dashboard.rs`) is a page over these routes, served by the same front door.
 
 pub mod client;
+pub mod dashboard;
 pub mod http;
 pub mod listener;
 pub mod metrics;

@@ -5,6 +5,7 @@
 //! GET  /v1/jobs                                   the caller's jobs' status
 //! GET  /v1/jobs/{job}                             one job's status
 //! GET  /v1/jobs/{job}/checkpoints                 its completed checkpoints' metrics
+//! GET  /v1/jobs/{job}/checkpoints/{id}            one checkpoint's manifest (per subtask)
 //! GET  /metrics (or /v1/metrics)                  the caller's jobs, Prometheus text format
 //! POST /v1/jobs/{job}/savepoints   {"dir": D}     take a savepoint (D optional)
 //! POST /v1/jobs/{job}/stop         {"dir": D}     savepoint, commit, stop
@@ -16,7 +17,10 @@
 //! POST /v1/jobs                                   body: a job file; answers the job id
 //! ```
 //!
-//! Every request needs `Authorization: Bearer <token>`, which says which tenant calls.
+//! GET  / and /ui/                                 the web dashboard (`dashboard.rs`; no token:
+//!                                                 the page asks for one, then calls the above)
+//!
+//! Every other request needs `Authorization: Bearer <token>`, which says which tenant calls.
 //! Invariants: a request never blocks the others (the front door in `listener.rs` runs each
 //! handler on a blocking pool, within per-tenant and per-connection bounds); a tenant only
 //! ever sees its own jobs (another tenant's job id answers 404, like no job); every failure
@@ -220,6 +224,9 @@ impl Api {
                     .unwrap_or(serde_json::json!([]));
                 Response::ok(&history)
             }),
+            ("GET", ["v1", "jobs", id, "checkpoints", cid]) => {
+                self.job(tenant, id).and_then(|j| checkpoint_detail(&j, id, cid))
+            }
             ("POST", ["v1", "jobs", id, op @ ("savepoints" | "stop")]) => self.job(tenant, id).and_then(|j| {
                 let body: SavepointBody = if req.body.is_empty() {
                     SavepointBody::default()
@@ -521,7 +528,19 @@ impl Routes for Api {
     }
 }
 
-/// Bytes of the files under `dir` (symbolic links are not followed, and count as nothing).
+/// The manifest of job `id`'s completed checkpoint `cid`: its operators, component versions
+/// and per-subtask files, sizes, incremental chains and timings.
+fn checkpoint_detail(j: &ServedJob, id: &str, cid: &str) -> Answer {
+    let n: u64 = cid.parse().map_err(|_| Response::error(400, format!("`{cid}` is not a checkpoint id (a number)")))?;
+    let root = j.checkpoint_root.as_ref().ok_or_else(|| {
+        Response::error(404, format!("job `{id}` takes no checkpoints ([checkpoint] in its job file)"))
+    })?;
+    let manifest = crate::checkpoint::storage::read_manifest(&root.join(format!("chk-{n}"))).map_err(|e| {
+        Response::error(404, format!("job `{id}` has no completed checkpoint {n} (retained ones are listed by GET /v1/jobs/{id}/checkpoints): {e}"))
+    })?;
+    Ok(Response::ok(&manifest))
+}
+
 /// Server mode: every path a job uses must lie in its tenant's directory, components must be
 /// uploaded ones (`sha256:<digest>`), and there is no stdin or stdout to share.
 fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {

@@ -553,6 +553,9 @@ fn real_main(cli: Cli) -> Result<()> {
                 );
             }
             eprintln!("control API for job `{}` at http://{} (see {})", entry.key, server.addr, reg.display());
+            // The token is in the fragment, which the browser never sends; the page drops it
+            // from the address bar. (Loopback, the user's own terminal: as Jupyter does.)
+            eprintln!("dashboard: http://{}/ui/#token={}", server.addr, entry.token);
             let result = run_job(
                 &bound,
                 progress,

@@ -25,14 +25,14 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::checkpoint::control::{Ack, Control, Event};
 use crate::checkpoint::coordinator::{AckOutcome, CheckpointSettings, Coordinator, TriggerDecision};
 use crate::checkpoint::metadata::{
-    CheckpointMetrics, ComponentEntry, Manifest, OperatorEntry, SubtaskEntry, format_version_for,
+    CheckpointMetrics, ComponentEntry, Manifest, OperatorEntry, SubtaskEntry, SubtaskTiming, format_version_for,
 };
 use crate::checkpoint::storage::{CheckpointStore, export_savepoint, store_component};
 use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
 use crate::graph::logical::JobGraph;
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
-use crate::runtime::handle::{JobStatus, Request, SavepointInfo, UpgradeInfo};
+use crate::runtime::handle::{CheckpointFailure, FAILURES_KEPT, JobStatus, Request, SavepointInfo, UpgradeInfo};
 use crate::runtime::upgrade;
 
 /// A node as the manifest records it.
@@ -140,6 +140,10 @@ fn record_failure(cfg: &DriverConfig, id: CheckpointId, reason: &str) {
         let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
         st.checkpoints_failed += 1;
         st.last_checkpoint_failure = Some(format!("checkpoint {id}: {reason}"));
+        if st.checkpoint_failures.len() >= FAILURES_KEPT {
+            st.checkpoint_failures.remove(0);
+        }
+        st.checkpoint_failures.push(CheckpointFailure { id: id.0, reason: reason.to_string(), unix_ms: unix_ms() });
     }
 }
 
@@ -388,6 +392,11 @@ pub fn run(
                             crc32: a.crc32,
                             key_groups: t.key_groups,
                             chain: a.chain.clone(),
+                            timing: Some(SubtaskTiming {
+                                align_ms: a.timing.align_ms,
+                                sync_ms: a.timing.sync_ms,
+                                async_ms: a.timing.async_ms,
+                            }),
                         });
                     }
                     for op in &mut operators {

@@ -66,7 +66,7 @@ pub struct ComponentEntry {
 }
 
 /// One subtask's state file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SubtaskEntry {
     /// Subtask index.
     pub index: u32,
@@ -82,10 +82,25 @@ pub struct SubtaskEntry {
     /// snapshot) first (`checkpoint/incremental.rs`). Empty: the file is self-contained.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chain: Vec<crate::checkpoint::incremental::ChainLink>,
+    /// How long the subtask's part took (for operators' eyes; absent in older manifests and
+    /// in files written by a rescale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<SubtaskTiming>,
+}
+
+/// One subtask's part of a checkpoint, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubtaskTiming {
+    /// First barrier to last (multi-input subtasks).
+    pub align_ms: f64,
+    /// Synchronous part: the guest's snapshot export and capture.
+    pub sync_ms: f64,
+    /// Asynchronous part: serialize, write, fsync.
+    pub async_ms: f64,
 }
 
 /// One node of the job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OperatorEntry {
     /// The uid.
     pub uid: String,
@@ -295,6 +310,7 @@ mod tests {
                     crc32: 1,
                     key_groups: (0, 128),
                     chain: vec![],
+                    timing: None,
                 }],
                 retired: vec![],
             }],

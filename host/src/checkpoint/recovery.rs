@@ -422,6 +422,7 @@ mod tests {
                 crc32: 0,
                 key_groups: (r.start, r.end),
                 chain: vec![],
+                timing: None,
             });
         }
         LoadedCheckpoint {

@@ -373,7 +373,7 @@ fn stored_component_path(p: &str) -> bool {
         .is_some_and(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
-fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
+pub(crate) fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
     let path = dir.join(MANIFEST);
     let bytes = match fs::read(&path) {
         Ok(b) => b,
@@ -467,6 +467,7 @@ mod tests {
                     crc32: crc,
                     key_groups: (0, 8),
                     chain: vec![],
+                    timing: None,
                 }],
                 retired: vec![],
             }],

@@ -37,7 +37,7 @@ use crate::operator::OperatorFactory;
 use crate::runtime::error::{RunError, TaskFailure};
 use crate::runtime::failed_record::Origin;
 use crate::runtime::faults::FaultPlan;
-use crate::runtime::handle::{Endpoint, JobState, NodeStatus, Request, SavepointInfo};
+use crate::runtime::handle::{Endpoint, JobState, NodeInput, NodeStatus, Request, SavepointInfo};
 use crate::runtime::input::{InputChannel, Inputs};
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{EdgeOutput, Output};
@@ -365,6 +365,18 @@ fn run_attempts(
                     backpressured_ms: 0,
                     dead_letters: 0,
                     busy_ms: 0,
+                    kind: match n.kind {
+                        NodeKind::Source(_) => "source",
+                        NodeKind::Operator(_) => "operator",
+                        NodeKind::Sink(_) => "sink",
+                    }
+                    .into(),
+                    inputs: g
+                        .edges
+                        .iter()
+                        .filter(|e| e.to == i)
+                        .map(|e| NodeInput { from: g.nodes[e.from].id.to_string(), feedback: e.feedback })
+                        .collect(),
                 })
                 .collect();
         }

@@ -128,7 +128,36 @@ pub struct NodeStatus {
     /// Milliseconds its subtasks spent in guest calls (operators; summed).
     #[serde(default)]
     pub busy_ms: u64,
+    /// `source`, `operator` or `sink`.
+    #[serde(default)]
+    pub kind: String,
+    /// Where its inputs come from: the job graph's edges into it.
+    #[serde(default)]
+    pub inputs: Vec<NodeInput>,
 }
+
+/// One edge into a node, as the status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInput {
+    /// Upstream node's uid.
+    pub from: String,
+    /// A back-edge closing a loop.
+    pub feedback: bool,
+}
+
+/// A checkpoint that failed (timed out, declined, or did not verify).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointFailure {
+    /// Checkpoint id.
+    pub id: u64,
+    /// Why.
+    pub reason: String,
+    /// When it failed, ms since the Unix epoch.
+    pub unix_ms: u64,
+}
+
+/// How many of the newest failed checkpoints the status keeps.
+pub const FAILURES_KEPT: usize = 50;
 
 /// What `status` reports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -150,6 +179,9 @@ pub struct JobStatus {
     /// Why the newest of those failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint_failure: Option<String>,
+    /// The newest failed checkpoints (at most [`FAILURES_KEPT`]), oldest first.
+    #[serde(default)]
+    pub checkpoint_failures: Vec<CheckpointFailure>,
     /// Per node.
     pub nodes: Vec<NodeStatus>,
     /// Live upgrades done.
@@ -196,6 +228,7 @@ impl JobHandle {
             last_checkpoint: None,
             checkpoints_failed: 0,
             last_checkpoint_failure: None,
+            checkpoint_failures: Vec::new(),
             nodes: Vec::new(),
             upgrades: Vec::new(),
         }));
