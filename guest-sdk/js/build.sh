@@ -16,4 +16,4 @@ if [ ! -x "$sdk/node_modules/.bin/componentize-qjs" ]; then
 fi
 mkdir -p "$(dirname "$out")"
 "$sdk/node_modules/.bin/componentize-qjs" --wit "$root/wit" --js "$src" --module-root "$module_root" \
-    -n operator --sync --stub-wasi -o "$out" >/dev/null
+    -n queryable-operator --sync --stub-wasi -o "$out" >/dev/null

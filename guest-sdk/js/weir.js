@@ -3,7 +3,7 @@
 // an operator in one language restores into the same schema in another.
 //
 //   import { operator, u64 } from './weir.js';
-//   export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish } = operator({
+//   export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish, queryState } = operator({
 //     name: 'wordcount-counter', version: '1.0.0', schemaVersion: 1,
 //     states: [{ name: 'count', codec: u64 }],                       // keyed value states
 //     process(ctx, rec) { const n = ctx.update('count', c => (c ?? 0) + 1); ctx.emit(rec.key, ...) },
@@ -14,9 +14,10 @@
 // older schemas). Values are encoded with bincode 1 defaults through a codec (`u64`, `i64`,
 // `string`, `bytes`, or `struct([...])`). Output is buffered and handed to the host once per
 // call. A thrown error fails the call (the host restarts the job from its last checkpoint).
+// `queryState` answers live state queries (`weir query`): a key's value as JSON.
 
-import { emitBatch } from 'weir:operator/collector@0.3.0';
-import { task } from 'weir:operator/context@0.3.0';
+import { emitBatch } from 'weir:operator/collector@0.3.1';
+import { task } from 'weir:operator/context@0.3.1';
 
 // ---- bincode 1 codecs -------------------------------------------------------------------
 
@@ -267,5 +268,20 @@ export function operator(spec) {
     finish() {
       if (spec.close) { spec.close(ctx); flush(); }
     },
+    queryState(state, keyGroup, key) {
+      const i = states.findIndex((s) => s.name === state);
+      if (i < 0) throw new Error(`\`${spec.name}\` has no keyed state \`${state}\` (its keyed states: [${states.map((s) => s.name).join(', ')}])`);
+      const v = tables[i][group(keyGroup)].get(keyString(key));
+      return v === undefined ? undefined : toJson(v);
+    },
   };
+}
+
+// A state value as JSON text: big integers as numbers when exact (else strings), bytes as arrays.
+function toJson(v) {
+  return JSON.stringify(v, (_, x) => {
+    if (typeof x === 'bigint') return x >= -BigInt(Number.MAX_SAFE_INTEGER) && x <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(x) : x.toString();
+    if (x instanceof Uint8Array) return Array.from(x);
+    return x;
+  });
 }

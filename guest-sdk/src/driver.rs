@@ -244,6 +244,31 @@ fn take_snapshot(rt: &mut Runtime, checkpoint: u64, mode: types::SnapshotMode) -
     Ok(types::OperatorSnapshot { keyed, operator_state })
 }
 
+/// `query-state` export: `key`'s current value in keyed state `state`, as JSON text. Runs
+/// between batches (the host calls it on the subtask that owns `key_group`).
+pub fn query_state<Op: Operator>(
+    slot: &Slot<Op>,
+    state: &str,
+    key_group: u32,
+    key: &[u8],
+) -> Result<Option<String>, String> {
+    let inst = slot.instance()?;
+    let rt = &inst.rt;
+    let Some(s) = rt.keyed.iter().find(|s| s.name == state) else {
+        let keyed: Vec<&str> = rt.keyed.iter().map(|s| s.name).collect();
+        return Err(format!(
+            "`{}` has no keyed state `{state}` (its keyed states: [{}])",
+            rt.info.name,
+            keyed.join(", ")
+        ));
+    };
+    let (start, end) = (rt.task.key_group_start, rt.task.key_group_end);
+    if !(start..end).contains(&key_group) {
+        return Err(format!("key group {key_group} is not owned by this subtask (it owns [{start}, {end}))"));
+    }
+    s.table.borrow().query_json((key_group - start) as usize, key).map_err(|e| e.to_string())
+}
+
 /// `restore` export.
 pub fn restore<Op: Operator>(
     slot: &Slot<Op>,

@@ -168,6 +168,8 @@ pub(crate) trait ErasedTable {
     fn thaw(&mut self);
     /// Inserts one entry decoded from `value` into group `slot` (unchanged).
     fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()>;
+    /// `key`'s current value in group `slot` as JSON text, if it has one (a live query).
+    fn query_json(&self, slot: usize, key: &[u8]) -> Result<Option<String>>;
 }
 
 impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
@@ -250,6 +252,13 @@ impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
         let v: V = bincode::deserialize(value)?;
         self.groups[slot].insert(key.into(), Entry { value: v, stamp: 0 });
         Ok(())
+    }
+
+    fn query_json(&self, slot: usize, key: &[u8]) -> Result<Option<String>> {
+        let Some(e) = self.groups[slot].get(key) else { return Ok(None) };
+        serde_json::to_string(&e.value).map(Some).map_err(|e| {
+            Error::msg(format!("the value cannot be shown as JSON: {e} (a map whose keys are not strings?)"))
+        })
     }
 }
 

@@ -329,7 +329,7 @@ fn a_component_built_against_another_contract_version_is_refused_naming_it() {
     let mut old = bytes.clone();
     let mut renamed = 0;
     for iface in ["types", "context", "collector", "timers", "logging"] {
-        let needle = format!("weir:operator/{iface}@0.3.0").into_bytes();
+        let needle = format!("weir:operator/{iface}@{}", weir::sandbox::instance::CONTRACT).into_bytes();
         let mut i = 0;
         while let Some(p) = old[i..].windows(needle.len()).position(|w| w == needle) {
             let at = i + p + needle.len() - 5;
@@ -346,7 +346,8 @@ fn a_component_built_against_another_contract_version_is_refused_naming_it() {
     assert_eq!(
         e.to_string(),
         "operator `p`: component old.wasm was built against weir:operator@0.2.0, but this Weir speaks \
-         weir:operator@0.3.0; rebuild it with the current SDK (Rust: weir-guest) or against wit/operator.wit"
+         weir:operator@0.3.1 (and loads 0.3.0); rebuild it with the current SDK (Rust: weir-guest) or against \
+         wit/operator.wit"
     );
 }
 

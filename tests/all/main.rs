@@ -12,6 +12,7 @@ mod lang;
 mod newcomer;
 mod ops;
 mod process_recovery;
+mod query;
 mod record_errors;
 mod sandbox;
 mod savepoints;

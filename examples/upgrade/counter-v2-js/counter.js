@@ -6,7 +6,7 @@ import { operator, u64, i64, struct, encode, decode, concat, digits } from '../.
 const COUNT = struct([u64, i64]);
 const UNKNOWN = -9223372036854775808n;
 
-export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish } = operator({
+export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish, queryState } = operator({
   name: 'wordcount-counter',
   version: '2.0.0-js',
   schemaVersion: 2,

@@ -6,7 +6,7 @@
 
 import { operator, u64, concat, digits } from '../../../guest-sdk/js/weir.js';
 
-export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish } = operator({
+export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish, queryState } = operator({
   name: 'wordcount-counter',
   version: '1.0.0-js',
   schemaVersion: 1,

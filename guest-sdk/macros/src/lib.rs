@@ -2,7 +2,7 @@
 //!
 //! A component implements exactly one world, so its export bindings must be generated in
 //! the operator's own crate. These macros expand to one `wit_bindgen::generate!` for the
-//! `operator` or `co-operator` world of `wit/operator.wit` (found through this crate's
+//! `queryable-operator` or `queryable-co-operator` world of `wit/operator.wit` (found through this crate's
 //! location) that reuses the SDK's import bindings, plus a `Guest` impl that forwards each
 //! export to the SDK's driver.
 
@@ -28,11 +28,11 @@ mod __weir_export {{
         world: "{world}",
         runtime_path: "::weir_guest::__private::wit_bindgen::rt",
         with: {{
-            "weir:operator/types@0.3.0": ::weir_guest::__private::bindings::types,
-            "weir:operator/context@0.3.0": ::weir_guest::__private::bindings::context,
-            "weir:operator/collector@0.3.0": ::weir_guest::__private::bindings::collector,
-            "weir:operator/timers@0.3.0": ::weir_guest::__private::bindings::timers,
-            "weir:operator/logging@0.3.0": ::weir_guest::__private::bindings::logging,
+            "weir:operator/types@0.3.1": ::weir_guest::__private::bindings::types,
+            "weir:operator/context@0.3.1": ::weir_guest::__private::bindings::context,
+            "weir:operator/collector@0.3.1": ::weir_guest::__private::bindings::collector,
+            "weir:operator/timers@0.3.1": ::weir_guest::__private::bindings::timers,
+            "weir:operator/logging@0.3.1": ::weir_guest::__private::bindings::logging,
         }},
     }});
 
@@ -67,6 +67,9 @@ mod __weir_export {{
         fn finish() -> ::core::result::Result<(), ::std::string::String> {{
             driver::close(&SLOT)
         }}
+        fn query_state(state: ::std::string::String, key_group: u32, key: ::std::vec::Vec<u8>) -> ::core::result::Result<::core::option::Option<::std::string::String>, ::std::string::String> {{
+            driver::query_state(&SLOT, &state, key_group, &key)
+        }}
     }}
 
     export!(Export);
@@ -76,7 +79,7 @@ mod __weir_export {{
     code.parse().expect("weir-guest-macros generated invalid tokens")
 }
 
-/// Exports a one-input [`Operator`] type as the component's `operator` world.
+/// Exports a one-input [`Operator`] type as the component's `queryable-operator` world.
 ///
 /// ```text
 /// weir_guest::export_operator!(Counter);
@@ -85,19 +88,19 @@ mod __weir_export {{
 pub fn export_operator(input: TokenStream) -> TokenStream {
     expand(
         input,
-        "operator",
+        "queryable-operator",
         r#"fn process(batch: ::std::vec::Vec<u8>) -> ::core::result::Result<(), ::std::string::String> {
             driver::process(&SLOT, batch)
         }"#,
     )
 }
 
-/// Exports a two-input operator (`Operator` + `CoOperator`) as the `co-operator` world.
+/// Exports a two-input operator (`Operator` + `CoOperator`) as the `queryable-co-operator` world.
 #[proc_macro]
 pub fn export_co_operator(input: TokenStream) -> TokenStream {
     expand(
         input,
-        "co-operator",
+        "queryable-co-operator",
         r#"fn process_left(batch: ::std::vec::Vec<u8>) -> ::core::result::Result<(), ::std::string::String> {
             driver::process(&SLOT, batch)
         }

@@ -9,6 +9,8 @@
 //! GET  /metrics (or /v1/metrics)                  the caller's jobs, Prometheus text format
 //! POST /v1/jobs/{job}/savepoints   {"dir": D}     take a savepoint (D optional)
 //! POST /v1/jobs/{job}/stop         {"dir": D}     savepoint, commit, stop
+//! GET  /v1/jobs/{job}/operators/{uid}/state?key=K[&state=S]
+//!                                                 a key's current value (runtime/query.rs)
 //! POST /v1/jobs/{job}/cancel                      cancel (nothing more is committed)
 //! POST /v1/jobs/{job}/operators/{uid}/upgrade     body: the new component's bytes
 //! server mode only:
@@ -244,6 +246,9 @@ impl Api {
                     .map(|info| Response::ok(&info))
                     .map_err(|e| Response::error(409, format!("job `{id}`: {e}")))
             }),
+            ("GET", ["v1", "jobs", id, "operators", uid, "state"]) => {
+                self.job(tenant, id).and_then(|j| query_state(&j, id, uid, req))
+            }
             ("POST", ["v1", "jobs", id, "cancel"]) => self.job(tenant, id).map(|j| {
                 j.handle.cancel();
                 Response::ok(&serde_json::json!({ "cancelled": id }))
@@ -526,6 +531,33 @@ impl Routes for Api {
     fn handle(&self, req: &http::Request) -> Response {
         Api::handle(self, req)
     }
+}
+
+/// `GET /v1/jobs/{id}/operators/{uid}/state?key=K[&state=S]`: a key's current value.
+fn query_state(j: &ServedJob, id: &str, uid: &str, req: &http::Request) -> Answer {
+    let key = req.param("key").map(http::decode).ok_or_else(|| Response::error(400, "name the key: ?key=..."))?;
+    let state = req.param("state").map(http::decode);
+    let uid = http::decode(uid);
+    let a = j.handle.query(&uid, key.as_bytes(), state.as_deref(), REQUEST_TIMEOUT).map_err(|e| {
+        let status = if e.contains("has no operator") {
+            404
+        } else if e.contains("declares no state") || e.contains("not keyed") || e.contains("several keyed") {
+            400
+        } else {
+            409
+        };
+        Response::error(status, format!("job `{id}`: {e}"))
+    })?;
+    if !a.found {
+        return Err(Response::error(
+            404,
+            format!(
+                "job `{id}`: key `{}` has no value in state `{}` of operator `{}` (subtask {}, key group {})",
+                a.key, a.state, a.operator, a.subtask, a.key_group
+            ),
+        ));
+    }
+    Ok(Response::ok(&a))
 }
 
 /// The manifest of job `id`'s completed checkpoint `cid`: its operators, component versions

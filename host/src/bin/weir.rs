@@ -105,6 +105,32 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// A key's current value in a running job's operator state, read between batches on the
+    /// subtask that owns the key (JSON, as the operator's SDK shows it); with --checkpoint,
+    /// its value in a checkpoint or savepoint directory instead.
+    Query {
+        /// Job name (or id, with --server); not with --checkpoint.
+        #[arg(required_unless_present = "checkpoint", conflicts_with = "checkpoint")]
+        job: Option<String>,
+        /// Ask a checkpoint (`chk-N`) or savepoint directory instead of a running job.
+        #[arg(long, value_name = "DIR")]
+        checkpoint: Option<PathBuf>,
+        /// With --checkpoint: the component to ask (default: the one stored with it).
+        #[arg(long, requires = "checkpoint")]
+        component: Option<PathBuf>,
+        /// With --checkpoint: the operator's config, as in its job file (repeatable).
+        #[arg(long = "config", value_name = "KEY=VALUE", requires = "checkpoint")]
+        config: Vec<String>,
+        /// Operator uid.
+        #[arg(long)]
+        operator: String,
+        /// The key (text).
+        #[arg(long)]
+        key: String,
+        /// The keyed state (default: the operator's only keyed state).
+        #[arg(long)]
+        state: Option<String>,
+    },
     /// Take a savepoint, commit the output up to it, and stop the job.
     Stop {
         /// Job name.
@@ -308,6 +334,48 @@ fn real_main(cli: Cli) -> Result<()> {
             let body = serde_json::json!({ "dir": dir.map(absolute).transpose()? });
             let v = c.call("POST", &format!("/v1/jobs/{job}/savepoints"), body.to_string().as_bytes())?;
             println!("savepoint {} (checkpoint {})", v["path"].as_str().unwrap_or("?"), v["checkpoint_id"]);
+            Ok(())
+        }
+        Command::Query { job, checkpoint: Some(dir), component, config, operator, key, state } => {
+            let _ = job;
+            let config = config
+                .iter()
+                .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                .collect::<Option<Vec<_>>>()
+                .context("--config takes KEY=VALUE")?;
+            let engine =
+                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
+            let q = weir::runtime::offline_query::OfflineQuery {
+                dir: &dir,
+                operator: &operator,
+                key: key.as_bytes(),
+                state: state.as_deref(),
+                component,
+                config,
+            };
+            let a = weir::runtime::offline_query::query_checkpoint(&engine, &q).map_err(anyhow::Error::msg)?;
+            if !a.found {
+                anyhow::bail!(
+                    "key `{key}` has no value in state `{}` of operator `{operator}` in {} (subtask {}, key group {})",
+                    a.state,
+                    dir.display(),
+                    a.subtask,
+                    a.key_group
+                );
+            }
+            println!("{}", serde_json::to_string_pretty(&a)?);
+            Ok(())
+        }
+        Command::Query { job, operator, key, state, .. } => {
+            let job = job.context("name the job (or --checkpoint DIR)")?;
+            let (c, job) = client(&cli_server, &job)?;
+            let enc = weir::api::http::encode;
+            let mut path = format!("/v1/jobs/{job}/operators/{}/state?key={}", enc(&operator), enc(&key));
+            if let Some(s) = state {
+                path.push_str(&format!("&state={}", enc(&s)));
+            }
+            let v = c.call("GET", &path, b"")?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(())
         }
         Command::Stop { job, savepoint } => {

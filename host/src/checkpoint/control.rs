@@ -46,6 +46,8 @@ pub enum Control {
         /// Switch to the new instance.
         commit: bool,
     },
+    /// The subtask that owns the key: answer this live state query between two batches.
+    Query(crate::runtime::query::StateQuery),
 }
 
 impl std::fmt::Debug for Control {
@@ -62,6 +64,7 @@ impl std::fmt::Debug for Control {
                 write!(f, "PrepareUpgrade({id}, {} {})", factory.info().name, factory.info().version)
             }
             Control::UpgradeDecision { id, commit } => write!(f, "UpgradeDecision({id}, commit: {commit})"),
+            Control::Query(q) => write!(f, "Query({}#{}, {})", q.operator, q.subtask, q.state),
         }
     }
 }

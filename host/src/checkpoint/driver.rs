@@ -33,6 +33,7 @@ use crate::graph::logical::JobGraph;
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
 use crate::runtime::handle::{CheckpointFailure, FAILURES_KEPT, JobStatus, Request, SavepointInfo, UpgradeInfo};
+use crate::runtime::query::{QueryAnswer, StateQuery, resolve_state};
 use crate::runtime::upgrade;
 
 /// A node as the manifest records it.
@@ -191,6 +192,7 @@ pub fn run(
         // Requests from the job's handle.
         while let Some(req) = cfg.requests.as_ref().and_then(|r| r.try_recv().ok()) {
             match req {
+                Request::Query { uid, key, state, reply } => route_query(&cfg, &controls, uid, key, state, reply),
                 Request::Savepoint { dir, stop, reply } => {
                     if savepoint.is_some() {
                         let _ = reply.send(Err("a savepoint is already in progress; retry when it completes".into()));
@@ -510,6 +512,41 @@ pub fn run(
 }
 
 /// Answers the savepoint or upgrade whose checkpoint was aborted.
+/// Hands a live state query to the subtask that owns the key's group (which replies
+/// itself), or answers at once why it cannot be asked.
+fn route_query(
+    cfg: &DriverConfig,
+    controls: &[Sender<Control>],
+    uid: String,
+    key: Vec<u8>,
+    state: Option<String>,
+    reply: Sender<Result<QueryAnswer, String>>,
+) {
+    let fail = |e: String| {
+        let _ = reply.send(Err(e));
+    };
+    let Some(ni) = cfg.graph.node_index(&uid) else {
+        return fail(format!("job `{}` has no operator `{uid}`", cfg.job));
+    };
+    let Some((_, entry)) = cfg.live.lock().unwrap_or_else(|p| p.into_inner()).get(&ni).cloned() else {
+        return fail(format!("`{uid}` is a source or sink; only WASM operators keep state that can be queried"));
+    };
+    let declared: Vec<(String, bool)> = entry.states.iter().map(|s| (s.name.clone(), s.keyed)).collect();
+    let state = match resolve_state(&uid, &declared, state.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let kg = crate::keygroup::key_group(&key, cfg.max_parallelism);
+    let Some((task, t)) =
+        cfg.tasks.iter().enumerate().find(|(_, t)| t.node == ni && (t.key_groups.0..t.key_groups.1).contains(&kg))
+    else {
+        return fail(format!("no subtask of `{uid}` owns key group {kg}"));
+    };
+    // A subtask whose input ended still answers, from its final state, until the job ends.
+    let q = StateQuery { operator: uid, subtask: t.subtask, state, key_group: kg, key, reply };
+    let _ = controls[task].send(Control::Query(q));
+}
+
 fn fail_requests(
     savepoint: &mut Option<PendingSavepoint>,
     upgrade: &mut Option<PendingUpgrade>,

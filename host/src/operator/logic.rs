@@ -33,6 +33,11 @@ pub trait OperatorLogic: Send {
     fn close(&mut self) -> Result<(), GuestError>;
     /// Records emitted since the last call.
     fn take_emitted(&mut self) -> Batch;
+    /// `query-state`: a key's current value in a keyed state, as JSON text.
+    fn query_state(&mut self, state: &str, key_group: u32, key: &[u8]) -> Result<Option<String>, GuestError> {
+        let _ = (state, key_group, key);
+        Err(GuestError::Failed { call: "query-state", message: "this operator does not answer state queries".into() })
+    }
 }
 
 impl OperatorLogic for OperatorInstance {
@@ -62,6 +67,9 @@ impl OperatorLogic for OperatorInstance {
     }
     fn take_emitted(&mut self) -> Batch {
         OperatorInstance::take_emitted(self)
+    }
+    fn query_state(&mut self, state: &str, key_group: u32, key: &[u8]) -> Result<Option<String>, GuestError> {
+        OperatorInstance::query_state(self, state, key_group, key)
     }
 }
 

@@ -864,12 +864,13 @@ fn watch(
         if !serves_requests {
             while let Ok(r) = e.requests.try_recv() {
                 let why = format!(
-                    "job `{job}` has no [checkpoint] section; savepoints and live upgrades are checkpoint barriers, \
-                     so add [checkpoint] dir (and interval_ms) to the job file"
+                    "job `{job}` has no [checkpoint] section; savepoints, live upgrades and state queries go \
+                     through the checkpoint coordinator, so add [checkpoint] dir (and interval_ms) to the job file"
                 );
                 match r {
                     Request::Savepoint { reply, .. } => drop(reply.send(Err(why))),
                     Request::Upgrade { reply, .. } => drop(reply.send(Err(why))),
+                    Request::Query { reply, .. } => drop(reply.send(Err(why))),
                 }
             }
         }

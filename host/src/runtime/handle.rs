@@ -5,6 +5,7 @@
 //! any checkpoint); replies come back on a one-shot channel. Invariant: every request gets
 //! exactly one reply — an error if the job ends first — so a caller never hangs.
 
+use crate::runtime::query::QueryAnswer;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,6 +51,17 @@ pub struct UpgradeInfo {
 
 /// A request to the running job.
 pub enum Request {
+    /// A key's current value in operator `uid`'s keyed state (`runtime/query.rs`).
+    Query {
+        /// Operator uid.
+        uid: String,
+        /// The key.
+        key: Vec<u8>,
+        /// The state (`None`: the operator's only keyed state).
+        state: Option<String>,
+        /// The reply (sent by the subtask that owns the key).
+        reply: Sender<Result<QueryAnswer, String>>,
+    },
     /// Take a savepoint into `dir` (and stop the job after it if `stop`).
     Savepoint {
         /// Target directory (`None`: the job's default savepoint directory).
@@ -276,6 +288,13 @@ impl JobHandle {
     /// Replaces operator `uid`'s component at the next barrier.
     pub fn upgrade(&self, uid: &str, factory: OperatorFactory, timeout: Duration) -> Result<UpgradeInfo, String> {
         self.ask(|reply| Request::Upgrade { uid: uid.to_string(), factory, reply }, timeout)
+    }
+
+    /// A key's current value in operator `uid`'s keyed state `state` (or its only one), read
+    /// between two batches on the subtask that owns the key.
+    pub fn query(&self, uid: &str, key: &[u8], state: Option<&str>, timeout: Duration) -> Result<QueryAnswer, String> {
+        let (uid, key, state) = (uid.to_string(), key.to_vec(), state.map(str::to_string));
+        self.ask(|reply| Request::Query { uid, key, state, reply }, timeout)
     }
 
     /// Cancels the job: every subtask stops, nothing more is committed.

@@ -211,6 +211,7 @@ impl Participant {
                 | Ok(Control::PrepareUpgrade { .. })
                 | Ok(Control::FullSnapshot(_))
                 | Ok(Control::UpgradeDecision { .. }) => {}
+                Ok(Control::Query(q)) => q.answer(Err("only operators keep state that can be queried".into())),
                 Err(RecvTimeoutError::Timeout) => {
                     if cancel.load(Ordering::Relaxed) {
                         return Err(TaskFailure::Cancelled { task: id.clone() });

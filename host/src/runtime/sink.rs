@@ -131,6 +131,7 @@ impl SinkTask {
                     | Control::PrepareUpgrade { .. }
                     | Control::FullSnapshot(_)
                     | Control::UpgradeDecision { .. } => {}
+                    Control::Query(q) => q.answer(Err("only operators keep state that can be queried".into())),
                 },
                 Received::Message(_, Message::Data(batch)) => {
                     self.metrics.add_in(batch.len() as u64);

@@ -130,6 +130,7 @@ impl SourceTask {
             | Control::PrepareUpgrade { .. }
             | Control::FullSnapshot(_)
             | Control::UpgradeDecision { .. } => {}
+            Control::Query(q) => q.answer(Err("only operators keep state that can be queried".into())),
         }
         Ok(Flow::Go)
     }

@@ -30,6 +30,7 @@ use crate::runtime::message::Message;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{Disconnected, Output};
 use crate::runtime::participant::{self, Participant};
+use crate::runtime::query::StateQuery;
 use crate::runtime::termination::LoopTermination;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::host::HostState;
@@ -905,6 +906,7 @@ impl OperatorTask {
                     // Stop with savepoint: exit without `close` or end of stream, so the
                     // savepoint is exactly where the job resumes.
                     Control::Stop => return Ok(()),
+                    Control::Query(q) => self.answer_query(q)?,
                     Control::Shutdown | Control::SuspendAfter(_) | Control::UpgradeDecision { .. } => {}
                 },
                 Received::Message(i, Message::Data(batch)) => {
@@ -1001,6 +1003,7 @@ impl OperatorTask {
                 }
                 Ok(Control::Complete(_)) => p.completed += 1,
                 Ok(Control::FullSnapshot(c)) => p.force_full(c),
+                Ok(Control::Query(q)) => self.answer_query(q)?,
                 Ok(Control::Shutdown) | Ok(Control::Stop) => return Ok(()),
                 Ok(Control::Abort(_))
                 | Ok(Control::SuspendAfter(_))
@@ -1016,6 +1019,26 @@ impl OperatorTask {
                 }
             }
         }
+    }
+
+    /// Answers a live state query from the guest's state as it is now, between batches
+    /// (`runtime/query.rs`). A trap fails the subtask like any other; a refusal is the answer.
+    fn answer_query(&mut self, q: StateQuery) -> Result<(), TaskFailure> {
+        let r = self.instance.query_state(&q.state, q.key_group, &q.key);
+        // A query reads: whatever the guest emitted while answering is dropped.
+        let _ = self.instance.take_emitted();
+        match r {
+            Ok(v) => q.answer(Ok(v)),
+            Err(GuestError::Failed { message, .. }) => {
+                let who = format!("operator `{}` subtask {}", q.operator, q.subtask);
+                q.answer(Err(format!("{who}: {message}")))
+            }
+            Err(trap) => {
+                q.answer(Err(format!("the subtask failed while answering: {trap}")));
+                return Err(self.guest(trap));
+            }
+        }
+        Ok(())
     }
 
     /// Checkpoint `c` after the input ended: a snapshot like at a barrier, drained at once.

@@ -44,7 +44,7 @@ pub enum LoadError {
     /// Imports Weir does not grant.
     #[error(
         "operator `{uid}`: component {} imports {imports}, which Weir does not provide; operators may import only \
-         weir:operator/{{context,collector,timers,logging}}@0.3.0 (build Rust guests for wasm32-unknown-unknown, \
+         weir:operator/{{context,collector,timers,logging}}@0.3.x (build Rust guests for wasm32-unknown-unknown, \
          not wasip2, so that std adds no WASI imports)",
         path.display()
     )]
@@ -58,7 +58,7 @@ pub enum LoadError {
     },
     /// Built against another version of Weir's WIT contract.
     #[error(
-        "operator `{uid}`: component {} was built against {found}, but this Weir speaks weir:operator@{CONTRACT}; \
+        "operator `{uid}`: component {} was built against {found}, but this Weir speaks weir:operator@{CONTRACT} (and loads 0.3.0); \
          rebuild it with the current SDK (Rust: weir-guest) or against wit/operator.wit",
         path.display()
     )]
@@ -73,7 +73,7 @@ pub enum LoadError {
     /// Exports do not match a world.
     #[error(
         "operator `{uid}`: component {} implements neither world `operator` nor `co-operator` of \
-         weir:operator@0.3.0 (as `operator`: {one}; as `co-operator`: {two}); rebuild it against wit/operator.wit",
+         weir:operator@{CONTRACT} (as `operator`: {one}; as `co-operator`: {two}); rebuild it against wit/operator.wit",
         path.display()
     )]
     WrongWorld {
@@ -99,7 +99,12 @@ pub enum LoadError {
 }
 
 /// The version of the WIT package (`wit/operator.wit`) this host implements.
-pub const CONTRACT: &str = "0.3.0";
+pub const CONTRACT: &str = "0.3.1";
+
+/// The contract versions whose components this host loads: its own, and 0.3.0 (the same
+/// imports; its components lack the optional `query-state` export and answer queries with an
+/// error). The linker resolves 0.3.0 imports against 0.3.1 definitions (semver-compatible).
+pub const CONTRACTS: [&str; 2] = ["0.3.0", "0.3.1"];
 
 /// A failure inside a guest call.
 #[derive(Debug, Error)]
@@ -244,18 +249,17 @@ impl LoadedComponent {
         let sha256 = sha256_hex(bytes);
         let component =
             crate::sandbox::compile_cache::compile(engine, &sha256, bytes).map_err(|e| not(format!("{e:#}")))?;
-        let granted = [
-            "weir:operator/types@0.3.0",
-            "weir:operator/context@0.3.0",
-            "weir:operator/collector@0.3.0",
-            "weir:operator/timers@0.3.0",
-            "weir:operator/logging@0.3.0",
-        ];
+        let granted = |n: &str| {
+            let Some((iface, version)) = n.strip_prefix("weir:operator/").and_then(|r| r.split_once('@')) else {
+                return false;
+            };
+            ["types", "context", "collector", "timers", "logging"].contains(&iface) && CONTRACTS.contains(&version)
+        };
         let ungranted: Vec<String> = component
             .component_type()
             .imports(engine)
             .map(|(name, _)| name.to_string())
-            .filter(|n| !granted.contains(&n.as_str()))
+            .filter(|n| !granted(n))
             .collect();
         if let Some(other) = ungranted.iter().find_map(|n| {
             n.strip_prefix("weir:operator/").and_then(|rest| rest.split_once('@')).map(|(_, v)| v.to_string())
@@ -354,17 +358,28 @@ impl LoadedComponent {
         store.limiter(|h| &mut h.store_limits);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(limits.deadline_ticks());
+        let ipre = match &self.pre {
+            Pre::One(p) => p.instance_pre(),
+            Pre::Two(p) => p.instance_pre(),
+        };
+        let instance = ipre.instantiate(&mut store).map_err(|e| trap("instantiate", e, None, &limits))?;
         let inst = match &self.pre {
-            Pre::One(p) => p.instantiate(&mut store).map(Inst::One),
-            Pre::Two(p) => p.instantiate(&mut store).map(Inst::Two),
+            Pre::One(_) => one::Operator::new(&mut store, &instance).map(Inst::One),
+            Pre::Two(_) => two::CoOperator::new(&mut store, &instance).map(Inst::Two),
         }
         .map_err(|e| trap("instantiate", e, None, &limits))?;
+        // Contract 0.3.1's optional export: components of 0.3.0 (or SDKs without live
+        // queries) lack it and still load.
+        let query = instance.get_typed_func::<QueryParams, QueryResult>(&mut store, "query-state").ok();
         let names =
             |keyed: bool| self.info.states.iter().filter(|s| s.keyed == keyed).map(|s| s.name.clone()).collect();
         let declared = std::sync::Arc::new(Declared { keyed: names(true), other: names(false) });
-        Ok(OperatorInstance { store, inst, declared })
+        Ok(OperatorInstance { store, inst, declared, query })
     }
 }
+
+type QueryParams = (String, u32, Vec<u8>);
+type QueryResult = (Result<Option<String>, String>,);
 
 enum Inst {
     One(one::Operator),
@@ -376,6 +391,8 @@ pub struct OperatorInstance {
     store: Store<HostState>,
     inst: Inst,
     declared: std::sync::Arc<Declared>,
+    /// `query-state`, when the component exports it (contract 0.3.1 worlds `queryable-*`).
+    query: Option<wasmtime::component::TypedFunc<QueryParams, QueryResult>>,
 }
 
 /// The state names an operator declared, keyed and not: what its snapshots may name.
@@ -567,6 +584,36 @@ impl OperatorInstance {
     pub fn close(&mut self) -> Result<(), GuestError> {
         let r = call!(self, "finish", call_finish)?;
         Self::result("finish", r)
+    }
+
+    /// `query-state`: `key`'s current value in keyed state `state` as JSON text, if it has
+    /// one. A component without the export (contract 0.3.0) answers an error saying so; an
+    /// answer longer than `max_state_value_mb` is refused.
+    pub fn query_state(&mut self, state: &str, key_group: u32, key: &[u8]) -> Result<Option<String>, GuestError> {
+        const CALL: &str = "query-state";
+        let Some(f) = self.query else {
+            return Err(GuestError::Failed {
+                call: CALL,
+                message: "the operator's component does not answer state queries (built for contract 0.3.0, or \
+                          with an SDK without them): rebuild it with the current Weir SDK"
+                    .into(),
+            });
+        };
+        self.arm();
+        let r = f.call(&mut self.store, (state.to_string(), key_group, key.to_vec()));
+        let (answer,) = self.finish(CALL, r)?;
+        let value = answer.map_err(|message| GuestError::Failed { call: CALL, message: tame(&message) })?;
+        let max = (self.store.data().limits.max_state_value_mb << 20) as usize;
+        match value {
+            Some(v) if v.len() > max => Err(GuestError::Failed {
+                call: CALL,
+                message: format!(
+                    "the answer of {} bytes exceeds max_state_value_mb ([limits] in the job file)",
+                    v.len()
+                ),
+            }),
+            v => Ok(v),
+        }
     }
 
     /// Takes the records emitted since the last call.

@@ -30,7 +30,7 @@ function blob(name) {
   return concat(le32(1), le32(nb.length), nb, le32(1), le32(1), 0x6b, le32(8), 1, 0, 0, 0, 0, 0, 0, 0);
 }
 
-export const { describe, setup, process, onTimer, onWatermark, restore, finish } = base;
+export const { describe, setup, process, onTimer, onWatermark, restore, finish, queryState } = base;
 
 export function snapshot(checkpointId, mode) {
   const s = base.snapshot(checkpointId, mode);

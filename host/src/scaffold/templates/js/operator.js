@@ -6,7 +6,7 @@
 
 import { operator, u64, concat, digits } from './weir.js';
 
-export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish } = operator({
+export const { describe, setup, process, onTimer, onWatermark, snapshot, restore, finish, queryState } = operator({
   name: '{{name}}',
   version: '0.1.0',
   schemaVersion: 1,
