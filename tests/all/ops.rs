@@ -310,6 +310,19 @@ fn ops_dashboard_in_headless_chromium_shows_jobs_rates_checkpoints_failures_and_
     );
     assert_eq!(rows.as_u64(), Some(4), "gen#0, op#0, op#1, out#0");
 
+    // A live state query from the page: the operator's value for key 3.
+    tab.find_element("#query-key").unwrap().click().unwrap();
+    tab.type_str("3").unwrap();
+    tab.find_element("#btn-query").unwrap().click().unwrap();
+    let answer = page_until(
+        &tab,
+        "the query's answer",
+        "(e => e.className === 'ok' && e.textContent)(document.querySelector('#query-result'))",
+    );
+    let answer: serde_json::Value = serde_json::from_str(answer.as_str().unwrap()).unwrap();
+    assert!(answer["found"] == true && answer["operator"] == "op" && answer["key"] == "3", "{answer}");
+    assert!(answer["value"].as_u64().is_some_and(|n| n > 0), "the oracle's next sequence number: {answer}");
+
     // A savepoint from the page's button: the page names it, and it is on disk and loads.
     tab.find_element("#btn-savepoint").unwrap().click().unwrap();
     let said = page_until(

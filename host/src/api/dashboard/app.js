@@ -178,10 +178,11 @@ function renderOperators(live) {
 }
 
 function renderUpgradeChoices(nodes) {
-  const sel = $("#upgrade-op");
   const ops = nodes.filter((n) => n.component).map((n) => n.uid);
-  if (sel.options.length === ops.length && [...sel.options].every((o, i) => o.value === ops[i])) return;
-  sel.replaceChildren(...ops.map((u) => el("option", { value: u }, u)));
+  for (const sel of [$("#upgrade-op"), $("#query-op")]) {
+    if (sel.options.length === ops.length && [...sel.options].every((o, i) => o.value === ops[i])) continue;
+    sel.replaceChildren(...ops.map((u) => el("option", { value: u }, u)));
+  }
 }
 
 // Layers by longest path from the sources over regular (non-feedback) inputs.
@@ -339,6 +340,20 @@ function wire() {
     const u = await api("POST", `${jobPath()}/operators/${encodeURIComponent(uid)}/upgrade?name=${encodeURIComponent(file.name)}`, bytes);
     return `Upgraded ${u.operator}: ${u.from} → ${u.to} at checkpoint ${u.checkpoint_id}`;
   }));
+  $("#query-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const out = $("#query-result");
+    const uid = $("#query-op").value, key = $("#query-key").value, st = $("#query-state").value;
+    let path = `${jobPath()}/operators/${encodeURIComponent(uid)}/state?key=${encodeURIComponent(key)}`;
+    if (st) path += `&state=${encodeURIComponent(st)}`;
+    out.className = "";
+    try {
+      out.textContent = JSON.stringify(await api("GET", path), null, 2);
+      out.className = "ok";
+    } catch (err) {
+      out.className = "error"; out.textContent = err.message;
+    }
+  });
   window.addEventListener("hashchange", () => { takeTokenFromUrl(); if (state.token) route(); else start(); });
 }
 wire();
