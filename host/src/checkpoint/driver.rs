@@ -162,6 +162,7 @@ pub fn run(
     let mut coord: Coordinator<Ack> = Coordinator::new(cfg.settings, cfg.tasks.len(), cfg.first_id);
     let mut finished = vec![false; cfg.tasks.len()];
     let mut final_id: Option<CheckpointId> = None;
+    let mut inbox: Option<Request> = None;
     let mut trigger_unix = std::collections::BTreeMap::new();
     let broadcast = |c: Control| {
         for tx in &controls {
@@ -190,7 +191,7 @@ pub fn run(
         }
         let all_finished = finished.iter().all(|f| *f);
         // Requests from the job's handle.
-        while let Some(req) = cfg.requests.as_ref().and_then(|r| r.try_recv().ok()) {
+        while let Some(req) = inbox.take().or_else(|| cfg.requests.as_ref().and_then(|r| r.try_recv().ok())) {
             match req {
                 Request::Query { uid, key, state, reply } => route_query(&cfg, &controls, uid, key, state, reply),
                 Request::Savepoint { dir, stop, reply } => {
@@ -288,10 +289,10 @@ pub fn run(
         fail_requests(&mut savepoint, &mut upgrade, &aborted, &send_to);
         aborted.clear();
         let wait = next_poll.saturating_sub(now()).clamp(1, 50);
-        let event = match events.recv_timeout(Duration::from_millis(wait)) {
-            Ok(e) => Some(e),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => return DriverEnd::Stopped,
+        // Wakes for a request too (a state query should not wait for the next tick).
+        let event = match next_event(&events, cfg.requests.as_ref(), Duration::from_millis(wait), &mut inbox) {
+            Ok(e) => e,
+            Err(Disconnected) => return DriverEnd::Stopped,
         };
         match event {
             None => {}
@@ -512,6 +513,38 @@ pub fn run(
 }
 
 /// Answers the savepoint or upgrade whose checkpoint was aborted.
+/// Waits up to `wait` for the next event or request; a request goes to `inbox` (answered at
+/// the top of the loop) and yields no event. `Err` when the subtasks are all gone.
+fn next_event(
+    events: &Receiver<Event>,
+    requests: Option<&Receiver<Request>>,
+    wait: Duration,
+    inbox: &mut Option<Request>,
+) -> Result<Option<Event>, Disconnected> {
+    let only_events = || match events.recv_timeout(wait) {
+        Ok(e) => Ok(Some(e)),
+        Err(RecvTimeoutError::Timeout) => Ok(None),
+        Err(RecvTimeoutError::Disconnected) => Err(Disconnected),
+    };
+    let Some(requests) = requests.filter(|_| inbox.is_none()) else { return only_events() };
+    crossbeam_channel::select! {
+        recv(events) -> e => e.map(Some).map_err(|_| Disconnected),
+        recv(requests) -> r => match r {
+            Ok(r) => {
+                *inbox = Some(r);
+                Ok(None)
+            }
+            // The handle is gone: no more requests, wait for events alone.
+            Err(_) => only_events(),
+        },
+        default(wait) => Ok(None),
+    }
+}
+
+/// The channel of subtask events is closed.
+#[derive(Debug)]
+struct Disconnected;
+
 /// Hands a live state query to the subtask that owns the key's group (which replies
 /// itself), or answers at once why it cannot be asked.
 fn route_query(
