@@ -95,6 +95,48 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
         assert!(t0.elapsed() < Duration::from_secs(120), "weir_records_in_total stayed at {now}, busy at {busy}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Bytes, idle time, guest calls and the watermark (the generator's, as the operator has it).
+    let t0 = Instant::now();
+    let wm_first = loop {
+        let s = scrape(&addr, OPS);
+        if let Some(w) = value(&s, "weir_watermark_milliseconds", &labels) {
+            assert!(value(&s, "weir_bytes_in_total", &labels).is_some_and(|v| v > 0.0));
+            assert!(value(&s, "weir_bytes_out_total", &labels).is_some_and(|v| v > 0.0));
+            assert!(value(&s, "weir_guest_calls_total", &labels).is_some_and(|v| v > 0.0));
+            assert!(value(&s, "weir_idle_seconds_total", &labels).is_some_and(|v| v >= 0.0));
+            assert!(value(&s, "weir_watermark_lag_seconds", &labels).is_some());
+            break w;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no watermark for node op");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let t0 = Instant::now();
+    while value(&scrape(&addr, OPS), "weir_watermark_milliseconds", &labels).unwrap() <= wm_first {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the watermark stayed at {wm_first}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A guest that runs into its CPU limit: counted by the limit's name.
+    let hostile = upload(&addr, "test_hostile");
+    let spin = format!(
+        "[job]\nname = \"spinner\"\n[limits]\ncall_timeout_ms = 100\n[restart]\nstrategy = \"none\"\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 10\nkeys = 2\n\
+         [[operator]]\nid = \"bad\"\ncomponent = \"{hostile}\"\nconfig = {{ mode = \"spin\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"bad\" }}]\n"
+    );
+    let spinner = call(&addr, "POST", "/v1/jobs", spin.as_bytes())["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    loop {
+        let s = scrape(&addr, OPS);
+        let traps = value(&s, "weir_traps_total", &[("job", spinner.as_str()), ("limit", "cpu_time")]);
+        if traps == Some(1.0) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no CPU-limit trap counted: {traps:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // Another tenant sees none of it; no token, nothing at all.
     let theirs = scrape(&addr, OTHER);
     assert!(theirs.samples.iter().all(|s| s.labels.get("job") != Some(id.as_str())), "another tenant's metrics leak");

@@ -9,7 +9,7 @@
 use std::fmt::Write;
 
 use crate::checkpoint::metadata::CheckpointMetrics;
-use crate::runtime::handle::{JobState, JobStatus};
+use crate::runtime::handle::{JobState, JobStatus, NodeStatus};
 
 /// One job to render.
 pub struct JobMetrics<'a> {
@@ -43,6 +43,87 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// A per-node family: name, type, help, and its value for a node (`None`: no sample).
+type NodeFamily = (&'static str, &'static str, &'static str, Box<dyn Fn(&NodeStatus) -> Option<f64>>);
+
+/// The per-node families, `now_ms` the time of the scrape (for the watermark's lag).
+fn node_families(now_ms: f64) -> Vec<NodeFamily> {
+    let secs = |ms: u64| Some(ms as f64 / 1e3);
+    // A watermark worth showing: a time, not the start (MIN) or end of the stream (MAX).
+    let time = |n: &NodeStatus| n.watermark.filter(|w| *w != i64::MIN && *w != i64::MAX);
+    vec![
+        (
+            "weir_records_in_total",
+            "counter",
+            "Records received by the node's subtasks in this attempt.",
+            Box::new(|n| Some(n.records_in as f64)),
+        ),
+        (
+            "weir_records_out_total",
+            "counter",
+            "Records emitted by the node's subtasks in this attempt.",
+            Box::new(|n| Some(n.records_out as f64)),
+        ),
+        (
+            "weir_bytes_in_total",
+            "counter",
+            "Bytes (keys and values) of the records received in this attempt (operators and sinks).",
+            Box::new(|n| Some(n.bytes_in as f64)),
+        ),
+        (
+            "weir_bytes_out_total",
+            "counter",
+            "Bytes (keys and values) of the records operators emitted in this attempt.",
+            Box::new(|n| Some(n.bytes_out as f64)),
+        ),
+        (
+            "weir_backpressured_seconds_total",
+            "counter",
+            "Time the node's subtasks spent blocked on full output channels, summed (rate() of it is Flink's \
+             backPressuredTimeMsPerSecond / 1000, times the parallelism).",
+            Box::new(move |n| secs(n.backpressured_ms)),
+        ),
+        (
+            "weir_busy_seconds_total",
+            "counter",
+            "Time the node's subtasks spent in guest calls (records, timers, watermarks), summed (rate() of it is \
+             Flink's busyTimeMsPerSecond / 1000, times the parallelism).",
+            Box::new(move |n| secs(n.busy_ms)),
+        ),
+        (
+            "weir_idle_seconds_total",
+            "counter",
+            "Time the node's subtasks spent waiting for input with nothing to do, summed (Flink's \
+             idleTimeMsPerSecond / 1000, times the parallelism; operators and sinks).",
+            Box::new(move |n| secs(n.idle_ms)),
+        ),
+        (
+            "weir_guest_calls_total",
+            "counter",
+            "Guest calls for records, timers and watermarks (busy seconds / calls = mean guest time per call).",
+            Box::new(|n| Some(n.guest_calls as f64)),
+        ),
+        (
+            "weir_dead_letters_total",
+            "counter",
+            "Records the operator returned an error for, sent to its dead-letter output (on_error = \"dead-letter\").",
+            Box::new(|n| Some(n.dead_letters as f64)),
+        ),
+        (
+            "weir_watermark_milliseconds",
+            "gauge",
+            "The node's event-time watermark (the least of its subtasks'), ms since the Unix epoch for wall-clock event time.",
+            Box::new(move |n| time(n).map(|w| w as f64)),
+        ),
+        (
+            "weir_watermark_lag_seconds",
+            "gauge",
+            "Scrape time minus the node's watermark (meaningful when event time is wall-clock time).",
+            Box::new(move |n| time(n).map(|w| (now_ms - w as f64) / 1e3)),
+        ),
+    ]
+}
+
 /// Renders `jobs`.
 pub fn render(jobs: &[JobMetrics<'_>]) -> String {
     let mut out = String::new();
@@ -66,59 +147,21 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
     for j in jobs {
         let _ = writeln!(out, "weir_job_upgrades_total{{{}}} {}", labels(j), j.status.upgrades.len());
     }
-    for (name, help, pick) in [
-        ("weir_records_in_total", "Records received by the node's subtasks in this attempt.", true),
-        ("weir_records_out_total", "Records emitted by the node's subtasks in this attempt.", false),
-    ] {
-        family(&mut out, name, "counter", help);
+    let now_ms = crate::checkpoint::driver::unix_ms() as f64;
+    for (name, kind, help, pick) in node_families(now_ms) {
+        family(&mut out, name, kind, help);
         for j in jobs {
             for n in &j.status.nodes {
-                let v = if pick { n.records_in } else { n.records_out };
-                let _ = writeln!(out, "{name}{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
+                if let Some(v) = pick(n) {
+                    let _ = writeln!(out, "{name}{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
+                }
             }
         }
     }
-    family(
-        &mut out,
-        "weir_backpressured_seconds_total",
-        "counter",
-        "Time the node's subtasks spent blocked on full output channels, summed (rate() of it is Flink's \
-         backPressuredTimeMsPerSecond / 1000, times the parallelism).",
-    );
+    family(&mut out, "weir_traps_total", "counter", "Subtask failures by the sandbox limit they ran into.");
     for j in jobs {
-        for n in &j.status.nodes {
-            let v = n.backpressured_ms as f64 / 1e3;
-            let _ = writeln!(out, "weir_backpressured_seconds_total{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
-        }
-    }
-    family(
-        &mut out,
-        "weir_busy_seconds_total",
-        "counter",
-        "Time the node's subtasks spent in guest calls (records, timers, watermarks), summed (rate() of it is \
-         Flink's busyTimeMsPerSecond / 1000, times the parallelism).",
-    );
-    for j in jobs {
-        for n in &j.status.nodes {
-            let v = n.busy_ms as f64 / 1e3;
-            let _ = writeln!(out, "weir_busy_seconds_total{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
-        }
-    }
-    family(
-        &mut out,
-        "weir_dead_letters_total",
-        "counter",
-        "Records the operator returned an error for, sent to its dead-letter output (on_error = \"dead-letter\").",
-    );
-    for j in jobs {
-        for n in &j.status.nodes {
-            let _ = writeln!(
-                out,
-                "weir_dead_letters_total{{{},node=\"{}\"}} {}",
-                labels(j),
-                escape(&n.uid),
-                n.dead_letters
-            );
+        for (limit, n) in &j.status.traps_by_limit {
+            let _ = writeln!(out, "weir_traps_total{{{},limit=\"{}\"}} {n}", labels(j), escape(limit));
         }
     }
     family(&mut out, "weir_checkpoints_completed_total", "counter", "Checkpoints completed.");
@@ -174,6 +217,7 @@ mod tests {
             checkpoints_failed: 1,
             last_checkpoint_failure: None,
             checkpoint_failures: vec![],
+            traps_by_limit: [("cpu_time".to_string(), 1)].into(),
             nodes: vec![NodeStatus {
                 uid: "count".into(),
                 parallelism: 1,
@@ -185,6 +229,11 @@ mod tests {
                 busy_ms: 250,
                 kind: "operator".into(),
                 inputs: vec![],
+                idle_ms: 3000,
+                bytes_in: 640,
+                bytes_out: 448,
+                guest_calls: 4,
+                watermark: Some(1_000),
             }],
             upgrades: vec![],
         };
@@ -199,5 +248,10 @@ mod tests {
         assert!(text.contains("weir_dead_letters_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 2\n"));
         assert!(text.contains("weir_checkpoints_failed_total{tenant=\"a\\\"b\",job=\"wc-1\"} 1\n"));
         assert!(text.contains("weir_busy_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 0.25\n"));
+        assert!(text.contains("weir_idle_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 3\n"));
+        assert!(text.contains("weir_bytes_in_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 640\n"));
+        assert!(text.contains("weir_guest_calls_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 4\n"));
+        assert!(text.contains("weir_watermark_milliseconds{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 1000\n"));
+        assert!(text.contains("weir_traps_total{tenant=\"a\\\"b\",job=\"wc-1\",limit=\"cpu_time\"} 1\n"));
     }
 }

@@ -111,7 +111,7 @@ pub struct Completed {
     pub count: std::sync::atomic::AtomicU64,
 }
 
-fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 

@@ -63,9 +63,53 @@ impl TaskFailure {
             if message.starts_with("exceeded its CPU time limit"))
     }
 
+    /// The sandbox limit this failure ran into (`cpu_time`, `memory`, `stack`, `tables`,
+    /// `emit`, `timers`, `snapshot_size`, `state_value`, `in_flight`), if it was one.
+    pub fn limit(&self) -> Option<&'static str> {
+        const BY_MESSAGE: [(&str, &str); 9] = [
+            ("exceeded its CPU time limit", "cpu_time"),
+            ("exceeded its memory limit", "memory"),
+            ("exhausted its call stack", "stack"),
+            ("exceeded its table limit", "tables"),
+            ("(limit max_emit_mb)", "emit"),
+            ("exceeded its timer limit", "timers"),
+            ("exceeded its snapshot size limit", "snapshot_size"),
+            ("exceeded its state value limit", "state_value"),
+            ("exceeded the in-flight limit", "in_flight"),
+        ];
+        let message = match self {
+            TaskFailure::Guest { source: GuestError::Trap { message, .. }, .. } => message,
+            TaskFailure::Limit { message, .. } => message,
+            _ => return None,
+        };
+        BY_MESSAGE.iter().find(|(m, _)| message.contains(m)).map(|(_, l)| *l)
+    }
+
     /// A consequence of another failure rather than a root cause.
     pub fn is_secondary(&self) -> bool {
         matches!(self, TaskFailure::Disconnected { .. } | TaskFailure::Cancelled { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trap(message: &str) -> TaskFailure {
+        let task = TaskId { node: crate::ids::NodeId::new("op"), subtask: crate::ids::SubtaskIndex(0) };
+        TaskFailure::Guest { task, source: GuestError::Trap { call: "process", message: message.into(), detail: None } }
+    }
+
+    #[test]
+    fn failures_name_the_limit_they_ran_into() {
+        assert_eq!(trap("exceeded its CPU time limit: the call ran longer than ...").limit(), Some("cpu_time"));
+        assert_eq!(trap("exceeded its memory limit: linear memory ...").limit(), Some("memory"));
+        assert_eq!(trap("exhausted its call stack (unbounded recursion?)").limit(), Some("stack"));
+        assert_eq!(trap("op/x#0: emitted more than 5 bytes in one call (limit max_emit_mb)").limit(), Some("emit"));
+        assert_eq!(trap("wasm trap: unreachable").limit(), None);
+        let task = TaskId { node: crate::ids::NodeId::new("op"), subtask: crate::ids::SubtaskIndex(0) };
+        let l = TaskFailure::Limit { task, message: "exceeded the in-flight limit of the job's loops".into() };
+        assert_eq!(l.limit(), Some("in_flight"));
     }
 }
 

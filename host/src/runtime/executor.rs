@@ -377,6 +377,11 @@ fn run_attempts(
                         .filter(|e| e.to == i)
                         .map(|e| NodeInput { from: g.nodes[e.from].id.to_string(), feedback: e.feedback })
                         .collect(),
+                    idle_ms: 0,
+                    bytes_in: 0,
+                    bytes_out: 0,
+                    guest_calls: 0,
+                    watermark: None,
                 })
                 .collect();
         }
@@ -399,7 +404,11 @@ fn run_attempts(
                 }
                 failures += 1;
                 if let Some(e) = &opts.endpoint {
-                    e.status.lock().unwrap().state = JobState::Restarting { cause: cause.to_string() };
+                    let mut st = e.status.lock().unwrap();
+                    st.state = JobState::Restarting { cause: cause.to_string() };
+                    if let Some(limit) = cause.limit() {
+                        *st.traps_by_limit.entry(limit.to_string()).or_default() += 1;
+                    }
                 }
                 let Some(delay) = g.restart.delay(failures) else {
                     return Err(RunError::Failed { job: g.name.clone(), attempts: failures, cause });

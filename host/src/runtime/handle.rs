@@ -146,6 +146,21 @@ pub struct NodeStatus {
     /// Where its inputs come from: the job graph's edges into it.
     #[serde(default)]
     pub inputs: Vec<NodeInput>,
+    /// Milliseconds its subtasks spent waiting for input (operators and sinks; summed).
+    #[serde(default)]
+    pub idle_ms: u64,
+    /// Bytes of the records received (operators and sinks).
+    #[serde(default)]
+    pub bytes_in: u64,
+    /// Bytes of the records emitted (operators).
+    #[serde(default)]
+    pub bytes_out: u64,
+    /// Guest calls for records, timers and watermarks (operators).
+    #[serde(default)]
+    pub guest_calls: u64,
+    /// Its event-time watermark: the least of its subtasks', once each has one.
+    #[serde(default)]
+    pub watermark: Option<i64>,
 }
 
 /// One edge into a node, as the status shows it.
@@ -191,6 +206,9 @@ pub struct JobStatus {
     /// Why the newest of those failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint_failure: Option<String>,
+    /// Subtask failures by the sandbox limit they ran into (`cpu_time`, `memory`, ...).
+    #[serde(default)]
+    pub traps_by_limit: std::collections::BTreeMap<String, u64>,
     /// The newest failed checkpoints (at most [`FAILURES_KEPT`]), oldest first.
     #[serde(default)]
     pub checkpoint_failures: Vec<CheckpointFailure>,
@@ -241,6 +259,7 @@ impl JobHandle {
             checkpoints_failed: 0,
             last_checkpoint_failure: None,
             checkpoint_failures: Vec::new(),
+            traps_by_limit: Default::default(),
             nodes: Vec::new(),
             upgrades: Vec::new(),
         }));
@@ -260,6 +279,11 @@ impl JobHandle {
             n.backpressured_ms = m.backpressured_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
             n.dead_letters = m.dead_letters.load(std::sync::atomic::Ordering::Relaxed);
             n.busy_ms = m.busy_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
+            n.idle_ms = m.idle_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
+            n.bytes_in = m.bytes_in.load(std::sync::atomic::Ordering::Relaxed);
+            n.bytes_out = m.bytes_out.load(std::sync::atomic::Ordering::Relaxed);
+            n.guest_calls = m.calls.load(std::sync::atomic::Ordering::Relaxed);
+            n.watermark = m.watermark(n.parallelism);
         }
         st
     }

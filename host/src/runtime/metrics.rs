@@ -23,6 +23,17 @@ pub struct NodeMetrics {
     /// Nanoseconds its subtasks spent in guest calls for records, timers and watermarks
     /// (operators), summed over subtasks.
     pub busy_ns: AtomicU64,
+    /// Nanoseconds its subtasks spent waiting for input with nothing to do, summed.
+    pub idle_ns: AtomicU64,
+    /// Bytes of the records received (keys and values).
+    pub bytes_in: AtomicU64,
+    /// Bytes of the records emitted.
+    pub bytes_out: AtomicU64,
+    /// Guest calls for records, timers and watermarks (operators): `busy_ns / calls` is the
+    /// mean guest time per call.
+    pub calls: AtomicU64,
+    /// Per subtask: its current event-time watermark (operators and sinks, once one arrived).
+    pub watermarks: Mutex<std::collections::BTreeMap<u32, i64>>,
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
     /// instead of blocking; this is their reported bound).
     pub feedback_peak_batches: AtomicU64,
@@ -41,10 +52,25 @@ impl NodeMetrics {
     pub fn add_out(&self, n: u64) {
         self.records_out.fetch_add(n, Ordering::Relaxed);
     }
-    /// Adds a guest call's time to `busy_ns`.
+    /// Adds a guest call's time to `busy_ns`, and the call to `calls`.
     #[inline]
     pub fn add_busy(&self, d: std::time::Duration) {
         self.busy_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Adds time spent waiting for input.
+    #[inline]
+    pub fn add_idle(&self, d: std::time::Duration) {
+        self.idle_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+    /// Subtask `subtask`'s watermark advanced to `wm`.
+    pub fn set_watermark(&self, subtask: u32, wm: i64) {
+        self.watermarks.lock().unwrap_or_else(|p| p.into_inner()).insert(subtask, wm);
+    }
+    /// The node's watermark: the least of its subtasks', once all `parallelism` have one.
+    pub fn watermark(&self, parallelism: u32) -> Option<i64> {
+        let w = self.watermarks.lock().unwrap_or_else(|p| p.into_inner());
+        (w.len() as u32 >= parallelism && parallelism > 0).then(|| w.values().copied().min()).flatten()
     }
     /// (in, out).
     pub fn read(&self) -> (u64, u64) {

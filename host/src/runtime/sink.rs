@@ -102,7 +102,10 @@ impl SinkTask {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskFailure::Cancelled { task: self.id.clone() });
             }
-            match self.inputs.recv(Some(Duration::from_millis(50)), &parked, control.as_ref()) {
+            let waited = std::time::Instant::now();
+            let received = self.inputs.recv(Some(Duration::from_millis(50)), &parked, control.as_ref());
+            self.metrics.add_idle(waited.elapsed());
+            match received {
                 Received::Idle => {}
                 Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
                 Received::AllDone => break,
@@ -135,6 +138,7 @@ impl SinkTask {
                 },
                 Received::Message(_, Message::Data(batch)) => {
                     self.metrics.add_in(batch.len() as u64);
+                    self.metrics.bytes_in.fetch_add(batch.byte_len() as u64, Ordering::Relaxed);
                     match &mut self.writer {
                         SinkWriter::File(f) => {
                             for r in batch.iter() {
@@ -156,7 +160,11 @@ impl SinkTask {
                         t.account(0, batch.len() as u64);
                     }
                 }
-                Received::Message(_, Message::Watermark(_)) => {}
+                Received::Message(i, Message::Watermark(wm)) => {
+                    if let Some(w) = self.inputs.on_watermark(i, wm) {
+                        self.metrics.set_watermark(self.id.subtask.0, w);
+                    }
+                }
                 Received::Message(i, Message::Barrier(id)) => {
                     if let Some((id, started)) =
                         participant::on_barrier(&mut aligner, &mut align_started, self.checkpoints.as_mut(), i, id)

@@ -262,6 +262,7 @@ impl OperatorTask {
         let out = self.instance.take_emitted();
         if !out.is_empty() {
             self.metrics.add_out(out.len() as u64);
+            self.metrics.bytes_out.fetch_add(out.byte_len() as u64, Ordering::Relaxed);
             self.output.emit_batch(&out).map_err(|d| self.disconnected(d))?;
             if let Some((held, limit)) = self.output.feedback_over() {
                 return Err(TaskFailure::Limit {
@@ -374,6 +375,7 @@ impl OperatorTask {
 
     fn advance_watermark(&mut self, wm: i64) -> Result<(), TaskFailure> {
         self.instance.host().watermark = wm;
+        self.metrics.set_watermark(self.id.subtask.0, wm);
         self.fire_timers(TimeDomain::EventTime, wm)?;
         let t = Instant::now();
         let r = self.instance.on_watermark(wm);
@@ -852,11 +854,13 @@ impl OperatorTask {
                     // Nothing to process: pull the snapshot's next chunk instead of waiting.
                     self.drain_step()?;
                 } else {
+                    let idle = Instant::now();
                     received = self.inputs.recv(
                         Some(Duration::from_millis(wait)),
                         &|i| is_parked(&head, &aligner, i),
                         control.as_ref(),
                     );
+                    self.metrics.add_idle(idle.elapsed());
                 }
             }
             match received {
@@ -912,6 +916,7 @@ impl OperatorTask {
                 Received::Message(i, Message::Data(batch)) => {
                     let n = batch.len() as u64;
                     self.metrics.add_in(n);
+                    self.metrics.bytes_in.fetch_add(batch.byte_len() as u64, Ordering::Relaxed);
                     let side = self.inputs.side(i);
                     if head.is_some() && self.inputs.is_feedback(i) {
                         let b = self.inputs.feedback_backlog() as u64 + 1;

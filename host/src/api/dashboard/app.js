@@ -156,10 +156,10 @@ async function renderJob(id) {
   const now = performance.now();
   const live = st.nodes.map((n) => {
     const r = rates("node:" + id + ":" + n.uid, now, {
-      in: n.records_in, out: n.records_out, bp: n.backpressured_ms || 0, busy: n.busy_ms || 0,
+      in: n.records_in, out: n.records_out, bp: n.backpressured_ms || 0, busy: n.busy_ms || 0, idle: n.idle_ms || 0,
     });
     const p = Math.max(1, n.parallelism);
-    return { n, r, bp: r ? r.bp / 1000 / p : null, busy: r ? r.busy / 1000 / p : null };
+    return { n, r, bp: r ? r.bp / 1000 / p : null, busy: r ? r.busy / 1000 / p : null, idle: r ? r.idle / 1000 / p : null };
   });
   renderGraph(live);
   renderOperators(live);
@@ -169,10 +169,12 @@ async function renderJob(id) {
 }
 
 function renderOperators(live) {
-  reconcile($("#operators tbody"), live.map(({ n, r, bp, busy }) => el("tr", { "data-key": n.uid, "data-uid": n.uid },
+  reconcile($("#operators tbody"), live.map(({ n, r, bp, busy, idle }) => el("tr", { "data-key": n.uid, "data-uid": n.uid },
     el("td", {}, n.uid), el("td", { class: "num" }, n.parallelism), el("td", {}, n.component || n.kind || ""),
     el("td", { class: "num" }, r ? fmtRate(r.in) : "–"), el("td", { class: "num" }, r ? fmtRate(r.out) : "–"),
     el("td", { class: "num" }, fmtPct(bp)), el("td", { class: "num" }, n.kind === "operator" ? fmtPct(busy) : "–"),
+    el("td", { class: "num" }, n.kind === "source" ? "–" : fmtPct(idle)),
+    el("td", {}, n.watermark == null ? "–" : String(n.watermark)),
     el("td", { class: "num" }, n.records_in), el("td", { class: "num" }, n.records_out),
     el("td", { class: "num" }, n.dead_letters || 0))));
 }
