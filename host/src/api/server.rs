@@ -656,3 +656,71 @@ fn preprocess(text: &str, components: &Path) -> Result<String, String> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    /// `docs/api.md` lists exactly the routes `Api::handle` answers: each match arm's method
+    /// and path (parameters as `{...}`) must appear in the page's route table, and each row of
+    /// the table must be an arm.
+    #[test]
+    fn the_api_page_lists_every_route_and_only_those() {
+        let src = include_str!("server.rs");
+        let doc = include_str!("../../../docs/api.md");
+        let mut routes = Vec::new();
+        for line in src.lines().map(str::trim) {
+            let Some(rest) = line.strip_prefix("(\"GET\", [").or_else(|| line.strip_prefix("(\"POST\", [")) else {
+                continue;
+            };
+            let method = if line.starts_with("(\"GET\"") { "GET" } else { "POST" };
+            let Some(end) = rest.find("])") else { continue };
+            for alt in rest[..end].split("] | [") {
+                let path: Vec<String> = alt
+                    .split(", ")
+                    .map(|p| match p.trim() {
+                        s if s.starts_with('"') => s.trim_matches('"').to_string(),
+                        s if s.contains('@') => {
+                            s.split('@').nth(1).unwrap().trim_matches(|c| c == ' ' || c == '(' || c == ')').to_string()
+                        }
+                        s => format!("{{{s}}}"),
+                    })
+                    .collect();
+                for path in expand(&path) {
+                    routes.push((method, path));
+                }
+            }
+        }
+        assert!(routes.len() >= 13, "parsed the routes: {routes:?}");
+        let rows: Vec<(&str, String)> = doc
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (cells.len() > 3 && (cells[1] == "GET" || cells[1] == "POST")).then(|| (cells[1], cells[2].to_string()))
+            })
+            .collect();
+        let normal = |p: &str| p.replace("{id}", "{cid}").replace("{job}", "{id}");
+        for (m, p) in &routes {
+            assert!(
+                rows.iter()
+                    .any(|(dm, dp)| dm == m && dp.split('`').any(|seg| normal(seg.split('?').next().unwrap()) == *p)),
+                "{m} {p} is answered but not in docs/api.md"
+            );
+        }
+        for (m, p) in &rows {
+            let first = normal(p.split('`').nth(1).unwrap().split('?').next().unwrap());
+            assert!(
+                routes.iter().any(|(rm, rp)| rm == m && *rp == first),
+                "docs/api.md lists {m} {first}, which is not answered"
+            );
+        }
+    }
+
+    /// `["v1", "jobs", {id}, "savepoints" | "stop"]` as two paths.
+    fn expand(parts: &[String]) -> Vec<String> {
+        let mut out = vec![String::new()];
+        for p in parts {
+            let alts: Vec<&str> = p.split(" | ").map(|a| a.trim_matches('"')).collect();
+            out = out.iter().flat_map(|o| alts.iter().map(move |a| format!("{o}/{a}"))).collect();
+        }
+        out
+    }
+}
