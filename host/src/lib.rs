@@ -26,6 +26,7 @@ pub mod graph;
 pub mod ids;
 pub mod job;
 pub mod keygroup;
+pub mod logging;
 pub mod operator;
 pub mod record;
 pub mod runtime;

@@ -415,3 +415,52 @@ fn ops_dashboard_assets_are_public_and_locked_down_while_the_data_needs_a_token(
     let (s, _) = send(&addr, "GET", "/v1/jobs", "", b"", Duration::from_secs(60)).unwrap();
     assert_eq!(s, 401, "the API behind the page needs the token");
 }
+
+/// `weir --log-format json run`: every line of stderr is one JSON object; the guest's log
+/// lines are events with `job`, `operator`, `subtask` and `guest` fields, and a newline in a
+/// guest's message cannot start a line of its own (it stays escaped inside the message). In
+/// text, the same line names its subtask.
+#[test]
+fn ops_logs_are_structured_and_json_lines_carry_job_operator_subtask_and_guest_lines() {
+    let d = scratch();
+    let job = format!(
+        "[job]\nname = \"logjob\"\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 20\nkeys = 4\n\
+         [[operator]]\nid = \"bad\"\ncomponent = {}\nconfig = {{ mode = \"forge-log\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"bad\" }}]\n",
+        crate::support::toml_path(&component("test_hostile"))
+    );
+    let path = d.path().join("job.toml");
+    std::fs::write(&path, job).unwrap();
+    let out = crate::support::weir()
+        .args(["--log-format", "json", "run", "--progress", "0"])
+        .arg(&path)
+        .env("WEIR_HOME", d.path().join("home"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let mut guest = 0;
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        let f = &v["fields"];
+        if f["guest"] == true {
+            guest += 1;
+            assert!(f["job"] == "logjob" && f["operator"] == "bad" && f["subtask"] == 0, "{line}");
+            let m = f["message"].as_str().unwrap();
+            assert!(m.contains("[logjob/bad#0] record") && m.contains("\\n[victim/count#0] info: forged"), "{m}");
+            assert_eq!(v["level"], "INFO", "{line}");
+        }
+    }
+    assert_eq!(guest, 20, "one event per record's log line:\n{stderr}");
+    let text = crate::support::weir()
+        .args(["run", "--progress", "0"])
+        .arg(&path)
+        .env("WEIR_HOME", d.path().join("home"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&text.stderr);
+    assert!(text.status.success() && stderr.contains("[logjob/bad#0] record"), "{stderr}");
+    assert!(stderr.lines().all(|l| !l.starts_with("[victim")), "a forged line: {stderr}");
+}

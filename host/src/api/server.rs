@@ -509,12 +509,13 @@ impl Api {
         };
         // Refused before it starts: a savepoint its components cannot take over, and so on.
         executor::preflight(&bound, &opts).map_err(|e| release(scrub(409, e.to_string())))?;
+        let job_id = id.clone();
         std::thread::Builder::new()
             .name(format!("job-{id}"))
             .spawn(move || {
                 let opts = RunOptions { endpoint: Some(endpoint), ..opts };
                 if let Err(e) = executor::run(&bound, &opts) {
-                    eprintln!("{e}");
+                    tracing::error!(job = %job_id, "{e}");
                 }
             })
             .map_err(|e| release(Response::error(500, format!("cannot start job: {e}"))))?;

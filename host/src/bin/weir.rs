@@ -12,6 +12,7 @@ use weir::api::registry;
 use weir::api::server::{Api, ServedJob};
 use weir::checkpoint::storage::{self, CheckpointStore};
 use weir::job;
+use weir::logging::LogFormat;
 use weir::runtime::executor::{self, RestoreFrom, RunOptions, human};
 use weir::runtime::handle::JobHandle;
 use weir::sandbox::engine::new_engine;
@@ -36,6 +37,10 @@ struct Cli {
     /// Bearer token for --server.
     #[arg(long, global = true)]
     token: Option<String>,
+    /// The log's format on stderr: `text` for people, `json` (one object per line, with job,
+    /// operator and subtask fields) for machines. `WEIR_LOG` filters it (default `info`).
+    #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -259,10 +264,24 @@ fn new_project(name: &str, lang: scaffold::Language, dir: Option<PathBuf>, sdk: 
     Ok(())
 }
 
+/// `--log-format json`: what the CLI reports goes through the log as events, not as text.
+static JSON_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn json_log() -> bool {
+    JSON_LOG.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let format = if cli.log_format == "json" { LogFormat::Json } else { LogFormat::Text };
+    weir::logging::init(format);
+    JSON_LOG.store(format == LogFormat::Json, std::sync::atomic::Ordering::Relaxed);
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if json_log() => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -440,17 +459,17 @@ fn real_main(cli: Cli) -> Result<()> {
             let api = Api::hosting(&cfg, engine)
                 .with_context(|| format!("preparing the data directory {}", cfg.data_dir.display()))?;
             let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
-            eprintln!(
-                "weir serving {} tenant(s) at http://{} (data in {})",
+            tracing::info!(
+                "weir serving {} tenant(s) at http://{} (data in {}; dashboard at /ui/)",
                 cfg.tenant.len(),
                 server.addr,
                 cfg.data_dir.display()
             );
             match api.cpu_shares_unavailable() {
-                None => eprintln!("tenants get CPU shares by their cpu_weight (cgroup `cpu` controller)"),
-                Some(why) => eprintln!(
-                    "warning: tenants do not get CPU shares ({why}); the OS schedules their threads one by one"
-                ),
+                None => tracing::info!("tenants get CPU shares by their cpu_weight (cgroup `cpu` controller)"),
+                Some(why) => {
+                    tracing::warn!("tenants do not get CPU shares ({why}); the OS schedules their threads one by one")
+                }
             }
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
@@ -615,15 +634,22 @@ fn real_main(cli: Cli) -> Result<()> {
             let (entry, reg) = registry::register(&entry)
                 .with_context(|| format!("registering job `{name}` in {}", registry::home().display()))?;
             if entry.key != name {
-                eprintln!(
-                    "warning: another process runs a job named `{name}`; address this one as `{}` (weir stop {} ...)",
-                    entry.key, entry.key
+                tracing::warn!(
+                    job = %name,
+                    "another process runs a job named `{name}`; address this one as `{}` (weir stop {} ...)",
+                    entry.key,
+                    entry.key
                 );
             }
-            eprintln!("control API for job `{}` at http://{} (see {})", entry.key, server.addr, reg.display());
-            // The token is in the fragment, which the browser never sends; the page drops it
-            // from the address bar. (Loopback, the user's own terminal: as Jupyter does.)
-            eprintln!("dashboard: http://{}/ui/#token={}", server.addr, entry.token);
+            tracing::info!(job = %entry.key, "control API for job `{}` at http://{} (see {})", entry.key, server.addr, reg.display());
+            if json_log() {
+                // A log may be shipped anywhere: no secret in it (the token is in the registry file).
+                tracing::info!(job = %entry.key, "dashboard: http://{}/ui/ (token in {})", server.addr, reg.display());
+            } else {
+                // The token is in the fragment, which the browser never sends; the page drops it
+                // from the address bar. (Loopback, the user's own terminal: as Jupyter does.)
+                eprintln!("dashboard: http://{}/ui/#token={}", server.addr, entry.token);
+            }
             let result = run_job(
                 &bound,
                 progress,
@@ -674,9 +700,10 @@ fn run_job(
 ) -> Result<()> {
     {
         for w in &bound.warnings {
-            eprintln!("warning: {w}");
+            tracing::warn!(job = %bound.graph.name, "{w}");
         }
-        eprintln!(
+        tracing::info!(
+            job = %bound.graph.name,
             "running job `{}` ({} subtasks)",
             bound.graph.name,
             bound.graph.nodes.iter().map(|n| n.parallelism).sum::<u32>()
@@ -706,7 +733,7 @@ fn run_job(
                 .with_context(|| format!("writing the run report {}", path.display()))?;
         }
         if let Some(sp) = &summary.stopped_with {
-            eprintln!(
+            tracing::info!(
                 "job `{}` stopped with savepoint {} (checkpoint {}); resume with `weir run <job.toml> --from-savepoint {}`",
                 bound.graph.name,
                 sp.path.display(),
@@ -716,6 +743,29 @@ fn run_job(
             return Ok(());
         }
         let secs = summary.elapsed.as_secs_f64().max(1e-9);
+        if json_log() {
+            tracing::info!(
+                job = %bound.graph.name,
+                seconds = secs,
+                attempts = summary.attempts,
+                checkpoints = summary.checkpoints,
+                "job `{}` finished",
+                bound.graph.name
+            );
+            for n in &summary.nodes {
+                tracing::info!(
+                    job = %bound.graph.name,
+                    node = %n.id,
+                    records_in = n.records_in,
+                    records_out = n.records_out,
+                    "node `{}`: {} in, {} out",
+                    n.id,
+                    n.records_in,
+                    n.records_out
+                );
+            }
+            return Ok(());
+        }
         eprintln!(
             "job `{}` finished in {:.2}s ({} attempt(s), {} checkpoint(s){})",
             bound.graph.name,

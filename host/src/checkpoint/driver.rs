@@ -275,7 +275,7 @@ pub fn run(
         let mut aborted: Vec<(CheckpointId, String)> = Vec::new();
         for id in coord.on_tick(now()) {
             if cfg.verbose {
-                eprintln!("checkpoint {id} aborted: not complete within {} ms", cfg.settings.timeout_ms);
+                tracing::warn!(job = %cfg.job, checkpoint = id.0, "checkpoint {id} aborted: not complete within {} ms", cfg.settings.timeout_ms);
             }
             if final_id == Some(id) {
                 final_id = None;
@@ -327,7 +327,7 @@ pub fn run(
                 if aborted_now {
                     let t = &cfg.tasks[task];
                     if cfg.verbose {
-                        eprintln!("checkpoint {id} declined by {}#{}: {reason}", cfg.nodes[t.node].uid, t.subtask);
+                        tracing::warn!(job = %cfg.job, checkpoint = id.0, "checkpoint {id} declined by {}#{}: {reason}", cfg.nodes[t.node].uid, t.subtask);
                     }
                     if final_id == Some(id) {
                         final_id = None;
@@ -425,7 +425,7 @@ pub fn run(
                     match published {
                         Ok(bytes) => manifest.metrics.bytes += bytes,
                         Err(e) => {
-                            eprintln!("checkpoint {id}: {e}; the checkpoint is not complete, older ones are kept");
+                            tracing::warn!(job = %cfg.job, checkpoint = id.0, "checkpoint {id}: {e}; the checkpoint is not complete, older ones are kept");
                             if is_final {
                                 final_id = None;
                             }
@@ -459,7 +459,7 @@ pub fn run(
                                     duration_ms: sp.started.elapsed().as_secs_f64() * 1e3,
                                 };
                                 if cfg.verbose {
-                                    eprintln!("savepoint {} written ({} bytes)", dir.display(), bytes);
+                                    tracing::info!(job = %cfg.job, checkpoint = id.0, "savepoint {} written ({} bytes)", dir.display(), bytes);
                                 }
                                 if sp.stop {
                                     stopping = Some((info, sp.reply));
@@ -477,11 +477,13 @@ pub fn run(
                         }
                     }
                     if let Err(e) = store.retain(cfg.settings.retained) {
-                        eprintln!("checkpoint {id}: removing old checkpoints failed: {e}");
+                        tracing::warn!(job = %cfg.job, checkpoint = id.0, "checkpoint {id}: removing old checkpoints failed: {e}");
                     }
                     if cfg.verbose {
                         let m = &manifest.metrics;
-                        eprintln!(
+                        tracing::info!(
+                            job = %cfg.job,
+                            checkpoint = id.0,
                             "checkpoint {id} complete{} in {:.1} ms (sync max {:.2} ms, async max {:.2} ms, alignment max {:.2} ms, {} bytes{})",
                             if is_final { " (final)" } else { "" },
                             m.duration_ms,
@@ -623,8 +625,8 @@ fn commit_upgrade(
     if let (OperatorFactory::Wasm(c), Some(sha)) = (&u.factory, entry.sha256.clone()) {
         match store_component(store.root(), &sha, &c.bytes) {
             Ok(rel) => entry.stored = Some(rel),
-            Err(e) => eprintln!(
-                "warning: could not store the upgraded component of `{}` with the checkpoints ({e}); after a \
+            Err(e) => tracing::warn!(
+                "could not store the upgraded component of `{}` with the checkpoints ({e}); after a \
                  restart of the process the job file's component runs",
                 cfg.nodes[u.node].uid
             ),
@@ -659,7 +661,7 @@ fn finish_upgrade(cfg: &DriverConfig, u: PendingUpgrade, outcome: Outcome) {
     if !outcome.consistent {
         // Cannot happen by construction (a subtask only switches on the decision); say so
         // loudly rather than report a clean upgrade.
-        eprintln!("error: operator `{uid}`: subtasks did not all follow the upgrade decision at checkpoint {id}");
+        tracing::error!(operator = %uid, "operator `{uid}`: subtasks did not all follow the upgrade decision at checkpoint {id}");
         let _ = u.reply.send(Err(format!(
             "internal error: the subtasks of operator `{uid}` did not all follow the upgrade decision; restart the \
              job from its latest checkpoint"
@@ -676,7 +678,8 @@ fn finish_upgrade(cfg: &DriverConfig, u: PendingUpgrade, outcome: Outcome) {
             pause_ms_max,
             state_bytes: u.state_bytes,
         };
-        eprintln!(
+        tracing::info!(
+            operator = %uid,
             "operator `{uid}` upgraded live from {} to {} at checkpoint {id} (pause {pause_ms_max:.2} ms)",
             info.from, info.to
         );

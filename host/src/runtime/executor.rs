@@ -174,7 +174,8 @@ fn resolve_components(
                     path.display()
                 ));
             }
-            eprintln!(
+            tracing::info!(
+                operator = %uid,
                 "operator `{uid}`: running {} {} (live-upgraded; stored with the checkpoints) instead of the job \
                  file's {} {}",
                 up.info.name,
@@ -198,7 +199,8 @@ fn resolve_components(
             );
             let v = compat::check(uid, &source, rec, factory.info(), allow_dropped).map_err(|e| e.to_string())?;
             if let Some(from) = v.migrates_from {
-                eprintln!(
+                tracing::info!(
+                    operator = %uid,
                     "operator `{uid}`: migrating state from schema {from} ({} {}) to schema {} ({} {})",
                     rec.name,
                     rec.version,
@@ -208,8 +210,9 @@ fn resolve_components(
                 );
             }
             for d in &v.dropped {
-                eprintln!(
-                    "warning: operator `{uid}`: dropping state `{d}`, which {} no longer declares",
+                tracing::warn!(
+                    operator = %uid,
+                    "operator `{uid}`: dropping state `{d}`, which {} no longer declares",
                     factory.info().name
                 );
             }
@@ -286,7 +289,7 @@ fn load_restore(
 ) -> Result<Option<LoadedCheckpoint>, RunError> {
     let g = &job.graph;
     let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
-    let warn = |e: &storage::CheckpointError| eprintln!("warning: skipping {e}");
+    let warn = |e: &storage::CheckpointError| tracing::warn!("skipping {e}");
     Ok(match &opts.restore {
         None => None,
         Some(RestoreFrom::Latest) => {
@@ -316,7 +319,7 @@ fn run_attempts(
     restored_from: Option<u64>,
 ) -> Result<RunSummary, RunError> {
     let g = &job.graph;
-    let warn = |e: &storage::CheckpointError| eprintln!("warning: skipping {e}");
+    let warn = |e: &storage::CheckpointError| tracing::warn!("skipping {e}");
     let completed = Arc::new(Completed::default());
     let mut failures = 0u32;
     let user_cancel = opts.endpoint.as_ref().map(|e| e.cancel.clone());
@@ -332,7 +335,14 @@ fn run_attempts(
                 crate::checkpoint::metadata::SnapshotKind::Savepoint => "savepoint",
                 crate::checkpoint::metadata::SnapshotKind::Checkpoint => "checkpoint",
             };
-            eprintln!("restoring job `{}` from {what} {} ({})", g.name, c.manifest.checkpoint_id, c.path.display());
+            tracing::info!(
+                job = %g.name,
+                checkpoint = c.manifest.checkpoint_id,
+                "restoring job `{}` from {what} {} ({})",
+                g.name,
+                c.manifest.checkpoint_id,
+                c.path.display()
+            );
         }
         // Refused before any task starts: components that cannot take over their state.
         if failures == 0 {
@@ -432,7 +442,9 @@ fn run_attempts(
                 let from = restore
                     .as_ref()
                     .map_or("the beginning".to_string(), |c| format!("checkpoint {}", c.manifest.checkpoint_id));
-                eprintln!(
+                tracing::warn!(
+                    job = %g.name,
+                    attempt = failures,
                     "job `{}` failed ({cause}); restart {failures} in {} ms from {from}",
                     g.name,
                     delay.as_millis()
@@ -491,7 +503,8 @@ fn run_attempt(
                 }
             }
         }
-        eprintln!(
+        tracing::info!(
+            job = %g.name,
             "job `{}` had already finished at checkpoint {}; its output is committed",
             g.name, c.manifest.checkpoint_id
         );
@@ -783,7 +796,7 @@ fn run_attempt(
                 if let Some(g) = cpu_group
                     && let Err(e) = g.join_current_thread()
                 {
-                    eprintln!("warning: subtask {id} runs outside its tenant's CPU share: {e}");
+                    tracing::warn!(subtask = %id, "subtask {id} runs outside its tenant's CPU share: {e}");
                 }
                 if nice > 0 {
                     priority::demote_current_thread(nice);
@@ -842,9 +855,9 @@ fn run_attempt(
         // The savepoint is complete and its output committed before `Stop` went out; what
         // subtasks ran into while exiting (a neighbour gone first) does not undo that.
         for f in failures.iter().filter(|f| !f.is_secondary()) {
-            eprintln!("warning: while stopping: {f}");
+            tracing::warn!(job = %g.name, "while stopping: {f}");
         }
-        eprintln!("job `{}` stopped with savepoint {}", g.name, info.path.display());
+        tracing::info!(job = %g.name, "job `{}` stopped with savepoint {}", g.name, info.path.display());
         let _ = reply.send(Ok(info.clone()));
         return Ok(AttemptEnd::Stopped(summaries(g, &metrics), info));
     }
@@ -928,7 +941,7 @@ fn report_progress(ids: &[NodeId], metrics: &[Arc<NodeMetrics>], done: &AtomicBo
             parts.push(format!("{id}: in {}/s out {}/s", human((i - l.0) as f64 / dt), human((o - l.1) as f64 / dt)));
             *l = (i, o);
         }
-        eprintln!("[{:>6.1}s] {}", start.elapsed().as_secs_f64(), parts.join(" | "));
+        tracing::info!("[{:>6.1}s] {}", start.elapsed().as_secs_f64(), parts.join(" | "));
     }
 }
 

@@ -311,7 +311,14 @@ impl OperatorTask {
             let Some(port) = self.dead_letter else {
                 return Err(self.guest(GuestError::Failed { call, message: format!("{why}; at {at}") }));
             };
-            eprintln!("[{}] dead letter: {at}: {}", self.id, crate::sandbox::guest_text::tame(&why));
+            tracing::warn!(
+                job = %self.instance.host().task.job_name,
+                operator = %self.id.node,
+                subtask = self.id.subtask.0,
+                "[{}] dead letter: {at}: {}",
+                self.id,
+                crate::sandbox::guest_text::tame(&why)
+            );
             self.route_emitted()?;
             let mut letter = Batch::default();
             letter.push(port, rec.timestamp, rec.key, rec.value);

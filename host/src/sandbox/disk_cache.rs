@@ -65,13 +65,13 @@ impl DiskCache {
     /// private to this user.
     pub fn open(dir: PathBuf, max_bytes: u64) -> Option<DiskCache> {
         if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir) {
-            eprintln!("warning: compile cache {} unusable ({e}); compiling every time", dir.display());
+            tracing::warn!("compile cache {} unusable ({e}); compiling every time", dir.display());
             return None;
         }
         match private(&dir) {
             Ok(()) => Some(DiskCache { dir, max_bytes }),
             Err(why) => {
-                eprintln!("warning: compile cache {} not used: {why}", dir.display());
+                tracing::warn!("compile cache {} not used: {why}", dir.display());
                 None
             }
         }

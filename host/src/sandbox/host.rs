@@ -175,23 +175,34 @@ impl logging::Host for HostState {
     fn log(&mut self, level: logging::Level, message: String) -> wasmtime::Result<()> {
         // Escaped: a newline in a guest's message must not forge another job's line.
         let message = tame(&message);
-        let lvl = match level {
-            logging::Level::Trace => "trace",
-            logging::Level::Debug => "debug",
-            logging::Level::Info => "info",
-            logging::Level::Warn => "warn",
-            logging::Level::Error => "error",
-        };
         if self.echo_logs {
             let now_ms = self.log_epoch.elapsed().as_millis() as u64;
             if let Some(suppressed) = self.log_budget.admit(now_ms) {
+                let (t, label) = (&self.task, &self.label);
+                let (job, operator, subtask) = (&t.job_name, &t.operator_uid, t.subtask_index);
                 if suppressed > 0 {
-                    eprintln!(
-                        "[{}] warn: {suppressed} log line(s) of this instance suppressed (rate limit)",
-                        self.label
+                    tracing::warn!(
+                        job = %job, operator = %operator, subtask, guest = true,
+                        "[{label}] {suppressed} log line(s) of this instance suppressed (rate limit)"
                     );
                 }
-                eprintln!("[{}] {lvl}: {message}", self.label);
+                match level {
+                    logging::Level::Trace => {
+                        tracing::trace!(job = %job, operator = %operator, subtask, guest = true, "[{label}] {message}")
+                    }
+                    logging::Level::Debug => {
+                        tracing::debug!(job = %job, operator = %operator, subtask, guest = true, "[{label}] {message}")
+                    }
+                    logging::Level::Info => {
+                        tracing::info!(job = %job, operator = %operator, subtask, guest = true, "[{label}] {message}")
+                    }
+                    logging::Level::Warn => {
+                        tracing::warn!(job = %job, operator = %operator, subtask, guest = true, "[{label}] {message}")
+                    }
+                    logging::Level::Error => {
+                        tracing::error!(job = %job, operator = %operator, subtask, guest = true, "[{label}] {message}")
+                    }
+                }
             }
         }
         if matches!(level, logging::Level::Error) {

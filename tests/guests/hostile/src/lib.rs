@@ -168,6 +168,10 @@ impl Operator for Hostile {
             }
             // A timer that is due at once and re-registers itself when it fires (below).
             "timer-loop" => ctx.register_event_timer(i64::MIN + 1),
+            // A log line that tries to forge another job's line after a newline.
+            "forge-log" => {
+                ctx.log(&format!("record {}\n[victim/count#0] info: forged", String::from_utf8_lossy(rec.key)))
+            }
             "huge-log" => weir_guest::__private::bindings::logging::log(
                 weir_guest::__private::bindings::logging::Level::Info,
                 &"x".repeat(10 << 20),
