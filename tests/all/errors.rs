@@ -274,7 +274,7 @@ fn a_stdout_sink_in_a_checkpointed_job_is_flagged_at_least_once() {
     let out = weir().args(["run", "--progress", "0"]).arg(&path).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("warning: sink `screen` writes to stdout") && stderr.contains("at-least-once"), "{stderr}");
+    assert!(stderr.contains("WARN sink `screen` writes to stdout") && stderr.contains("at-least-once"), "{stderr}");
     let mut stdout: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
     stdout.sort();
     assert_eq!(stdout, vec!["0 1", "1 1", "2 1"]);
@@ -315,7 +315,7 @@ fn a_non_replayable_source_runs_at_least_once_with_a_warning_when_asked() {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("warning: source `in` cannot rewind") && stderr.contains("at-least-once"), "{stderr}");
+    assert!(stderr.contains("WARN source `in` cannot rewind") && stderr.contains("at-least-once"), "{stderr}");
     assert_eq!(
         crate::support::committed_lines(&dir.path().join("out")),
         vec!["be 1", "be 2", "not 1", "or 1", "to 1", "to 2"]
