@@ -595,7 +595,8 @@ fn weir_serve(dir: &Path, toml: &str) -> Serve {
     let mut serve = Serve { child, url: String::new() };
     serve.url = loop {
         let l = lines.next().expect("weir serve printed its address").unwrap();
-        if let Some(rest) = l.split("at ").nth(1).filter(|_| l.starts_with("weir serving")) {
+        // A log line: ` INFO weir serving N tenant(s) at http://ADDR (...)`.
+        if let Some(rest) = l.split_once("weir serving ").and_then(|(_, r)| r.split("at ").nth(1)) {
             break rest.split_whitespace().next().unwrap().to_string();
         }
     };
