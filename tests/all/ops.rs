@@ -8,8 +8,8 @@ use weir::api::tenants::{ServerConfig, Tenant};
 
 use crate::support::{component, scratch};
 
-const OPS: &str = "ops-token-0123456789";
-const OTHER: &str = "other-token-0123456789";
+pub(crate) const OPS: &str = "ops-token-0123456789";
+pub(crate) const OTHER: &str = "other-token-0123456789";
 
 fn scrape(addr: &str, token: &str) -> prometheus_parse::Scrape {
     let (s, text) = send(addr, "GET", "/metrics", token, b"", Duration::from_secs(60)).unwrap();
@@ -29,7 +29,7 @@ fn value(s: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) ->
 }
 
 /// A `weir serve` API in this process (no CPU groups) for tenants `(name, token)`.
-fn hosting(dir: &std::path::Path, tenants: &[(&str, &str)]) -> weir::api::server::ApiServer {
+pub(crate) fn hosting(dir: &std::path::Path, tenants: &[(&str, &str)]) -> weir::api::server::ApiServer {
     let tenants = tenants.iter().map(|(n, t)| Tenant { max_jobs: 2, max_disk_mb: 1024, ..Tenant::new(n, t) }).collect();
     let mut cfg = ServerConfig::new("127.0.0.1:0".into(), dir.join("data"), tenants);
     cfg.cpu_cgroup = "".into();

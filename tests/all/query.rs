@@ -6,22 +6,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use weir::api::http::send;
-use weir::api::server::Api;
-use weir::api::tenants::{ServerConfig, Tenant};
 
+use crate::ops::{OPS, OTHER};
 use crate::support::{c_component, committed_lines, component, js_component, scratch};
 
-const OPS: &str = "query-token-0123456789";
-const OTHER: &str = "other-token-0123456789";
-
+/// A `weir serve` API in this process for tenants `ops` and `other` (the ops tests' helper).
 fn hosting(dir: &Path) -> weir::api::server::ApiServer {
-    let tenants = [("ops", OPS), ("other", OTHER)]
-        .iter()
-        .map(|(n, t)| Tenant { max_jobs: 2, max_disk_mb: 1024, ..Tenant::new(n, t) })
-        .collect();
-    let mut cfg = ServerConfig::new("127.0.0.1:0".into(), dir.join("data"), tenants);
-    cfg.cpu_cgroup = "".into();
-    Api::hosting(&cfg, weir::sandbox::engine::new_engine().unwrap()).unwrap().serve("127.0.0.1:0").unwrap()
+    crate::ops::hosting(dir, &[("ops", OPS), ("other", OTHER)])
 }
 
 /// `(status, JSON answer)` of a call as `token`.
