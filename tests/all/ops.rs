@@ -17,15 +17,19 @@ fn scrape(addr: &str, token: &str) -> prometheus_parse::Scrape {
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text")
 }
 
+/// The sum of `metric`'s samples with `labels` (a node's figure over its subtasks), `None`
+/// when there is no such sample.
 fn value(s: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    s.samples.iter().find(|x| x.metric == metric && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v))).map(|x| {
-        match x.value {
+    let matching =
+        s.samples.iter().filter(|x| x.metric == metric && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)));
+    matching
+        .map(|x| match x.value {
             prometheus_parse::Value::Counter(v)
             | prometheus_parse::Value::Gauge(v)
             | prometheus_parse::Value::Untyped(v) => v,
             _ => f64::NAN,
-        }
-    })
+        })
+        .reduce(|a, b| a + b)
 }
 
 /// A `weir serve` API in this process (no CPU groups) for tenants `(name, token)`.
@@ -62,12 +66,14 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
         "[job]\nname = \"metered\"\nmax_parallelism = 16\n[limits]\nmemory_mb = 32\n\
          [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
          [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000000\nkeys = 16\nrate = 20000\n\
-         [[operator]]\nid = \"op\"\ncomponent = \"{comp}\"\nconfig = {{ keys = \"16\" }}\n\
+         [[operator]]\nid = \"op\"\ncomponent = \"{comp}\"\nconfig = {{ keys = \"16\" }}\nparallelism = 2\n\
          inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
          [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"op\" }}]\n"
     );
     let id = call(&addr, "POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
     let labels = [("tenant", "ops"), ("job", id.as_str()), ("node", "op")];
+    // One subtask's series (watermarks are levels, not summed).
+    let sub0 = [("tenant", "ops"), ("job", id.as_str()), ("node", "op"), ("subtask", "0")];
     let t0 = Instant::now();
     let first = loop {
         let s = scrape(&addr, OPS);
@@ -82,6 +88,16 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
     assert!(value(&first, "weir_checkpoint_last_duration_seconds", &labels[..2]).is_some_and(|v| v >= 0.0));
     assert!(value(&first, "weir_checkpoint_last_size_bytes", &labels[..2]).is_some_and(|v| v > 0.0));
     let before = value(&first, "weir_records_in_total", &labels).expect("records of node op");
+    // Per subtask, as Flink's subtask_index: both of op's, no third; each guest's memory, under
+    // its memory_mb.
+    for sub in ["0", "1"] {
+        let l = [("job", id.as_str()), ("node", "op"), ("subtask", sub)];
+        assert!(value(&first, "weir_records_in_total", &l).is_some(), "no series for subtask {sub} of op");
+        let mem = value(&first, "weir_guest_memory_bytes", &l).expect("guest memory of op");
+        assert!(mem > 0.0 && mem <= (32 << 20) as f64, "subtask {sub} of op holds {mem} bytes of guest memory");
+    }
+    let third = [("job", id.as_str()), ("node", "op"), ("subtask", "2")];
+    assert_eq!(value(&first, "weir_records_in_total", &third), None);
     let busy_before = value(&first, "weir_busy_seconds_total", &labels).expect("busy time of node op");
     // The counters move while the job runs (busy time: the guest's calls add up).
     let t0 = Instant::now();
@@ -99,19 +115,19 @@ fn ops_metrics_parse_as_prometheus_text_and_counters_move_as_the_job_runs() {
     let t0 = Instant::now();
     let wm_first = loop {
         let s = scrape(&addr, OPS);
-        if let Some(w) = value(&s, "weir_watermark_milliseconds", &labels) {
+        if let Some(w) = value(&s, "weir_watermark_milliseconds", &sub0) {
             assert!(value(&s, "weir_bytes_in_total", &labels).is_some_and(|v| v > 0.0));
             assert!(value(&s, "weir_bytes_out_total", &labels).is_some_and(|v| v > 0.0));
             assert!(value(&s, "weir_guest_calls_total", &labels).is_some_and(|v| v > 0.0));
             assert!(value(&s, "weir_idle_seconds_total", &labels).is_some_and(|v| v >= 0.0));
-            assert!(value(&s, "weir_watermark_lag_seconds", &labels).is_some());
+            assert!(value(&s, "weir_watermark_lag_seconds", &sub0).is_some());
             break w;
         }
         assert!(t0.elapsed() < Duration::from_secs(120), "no watermark for node op");
         std::thread::sleep(Duration::from_millis(50));
     };
     let t0 = Instant::now();
-    while value(&scrape(&addr, OPS), "weir_watermark_milliseconds", &labels).unwrap() <= wm_first {
+    while value(&scrape(&addr, OPS), "weir_watermark_milliseconds", &sub0).unwrap() <= wm_first {
         assert!(t0.elapsed() < Duration::from_secs(120), "the watermark stayed at {wm_first}");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -3,13 +3,14 @@
 //!
 //! Pure: rendered from job statuses and checkpoint histories. Conventions: `weir_` prefix,
 //! `_total` counters, base units (seconds, bytes), labels `tenant`, `job` (the job id),
-//! `node`. Record counters count the current attempt (a restart resets them, which Prometheus'
+//! `node` and `subtask` (the subtask index, as Flink's `subtask_index`: sum or min over it in
+//! PromQL for a node's figure). Record counters count the current attempt (a restart resets them, which Prometheus'
 //! `rate()` treats as a counter reset).
 
 use std::fmt::Write;
 
 use crate::checkpoint::metadata::CheckpointMetrics;
-use crate::runtime::handle::{JobState, JobStatus, NodeStatus};
+use crate::runtime::handle::{JobState, JobStatus, SubtaskStatus};
 
 /// One job to render.
 pub struct JobMetrics<'a> {
@@ -43,83 +44,90 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// A per-node family: name, type, help, and its value for a node (`None`: no sample).
-type NodeFamily = (&'static str, &'static str, &'static str, Box<dyn Fn(&NodeStatus) -> Option<f64>>);
+/// A per-subtask family: name, type, help, and its value for a subtask (`None`: no sample).
+type SubtaskFamily = (&'static str, &'static str, &'static str, Box<dyn Fn(&SubtaskStatus) -> Option<f64>>);
 
-/// The per-node families, `now_ms` the time of the scrape (for the watermark's lag).
-fn node_families(now_ms: f64) -> Vec<NodeFamily> {
+/// The per-subtask families, `now_ms` the time of the scrape (for the watermark's lag).
+fn subtask_families(now_ms: f64) -> Vec<SubtaskFamily> {
     let secs = |ms: u64| Some(ms as f64 / 1e3);
     // A watermark worth showing: a time, not the start (MIN) or end of the stream (MAX).
-    let time = |n: &NodeStatus| n.watermark.filter(|w| *w != i64::MIN && *w != i64::MAX);
+    let time = |s: &SubtaskStatus| s.watermark.filter(|w| *w != i64::MIN && *w != i64::MAX);
     vec![
         (
             "weir_records_in_total",
             "counter",
-            "Records received by the node's subtasks in this attempt.",
-            Box::new(|n| Some(n.records_in as f64)),
+            "Records the subtask received in this attempt.",
+            Box::new(|s| Some(s.counters.records_in as f64)),
         ),
         (
             "weir_records_out_total",
             "counter",
-            "Records emitted by the node's subtasks in this attempt.",
-            Box::new(|n| Some(n.records_out as f64)),
+            "Records the subtask emitted in this attempt.",
+            Box::new(|s| Some(s.counters.records_out as f64)),
         ),
         (
             "weir_bytes_in_total",
             "counter",
             "Bytes (keys and values) of the records received in this attempt (operators and sinks).",
-            Box::new(|n| Some(n.bytes_in as f64)),
+            Box::new(|s| Some(s.counters.bytes_in as f64)),
         ),
         (
             "weir_bytes_out_total",
             "counter",
             "Bytes (keys and values) of the records operators emitted in this attempt.",
-            Box::new(|n| Some(n.bytes_out as f64)),
+            Box::new(|s| Some(s.counters.bytes_out as f64)),
         ),
         (
             "weir_backpressured_seconds_total",
             "counter",
-            "Time the node's subtasks spent blocked on full output channels, summed (rate() of it is Flink's \
-             backPressuredTimeMsPerSecond / 1000, times the parallelism).",
-            Box::new(move |n| secs(n.backpressured_ms)),
+            "Time the subtask spent blocked on full output channels (rate() of it is Flink's \
+             backPressuredTimeMsPerSecond / 1000).",
+            Box::new(move |s| secs(s.counters.backpressured_ms)),
         ),
         (
             "weir_busy_seconds_total",
             "counter",
-            "Time the node's subtasks spent in guest calls (records, timers, watermarks), summed (rate() of it is \
-             Flink's busyTimeMsPerSecond / 1000, times the parallelism).",
-            Box::new(move |n| secs(n.busy_ms)),
+            "Time the subtask spent in guest calls for records, timers and watermarks (rate() of it is Flink's \
+             busyTimeMsPerSecond / 1000).",
+            Box::new(move |s| secs(s.counters.busy_ms)),
         ),
         (
             "weir_idle_seconds_total",
             "counter",
-            "Time the node's subtasks spent waiting for input with nothing to do, summed (Flink's \
-             idleTimeMsPerSecond / 1000, times the parallelism; operators and sinks).",
-            Box::new(move |n| secs(n.idle_ms)),
+            "Time the subtask spent waiting for input with nothing to do (rate() of it is Flink's \
+             idleTimeMsPerSecond / 1000; operators and sinks).",
+            Box::new(move |s| secs(s.counters.idle_ms)),
         ),
         (
             "weir_guest_calls_total",
             "counter",
             "Guest calls for records, timers and watermarks (busy seconds / calls = mean guest time per call).",
-            Box::new(|n| Some(n.guest_calls as f64)),
+            Box::new(|s| Some(s.counters.guest_calls as f64)),
         ),
         (
             "weir_dead_letters_total",
             "counter",
             "Records the operator returned an error for, sent to its dead-letter output (on_error = \"dead-letter\").",
-            Box::new(|n| Some(n.dead_letters as f64)),
+            Box::new(|s| Some(s.counters.dead_letters as f64)),
+        ),
+        (
+            "weir_guest_memory_bytes",
+            "gauge",
+            "Linear memory the subtask's guest instance holds (operators; capped by memory_mb).",
+            Box::new(|s| Some(s.counters.guest_memory_bytes as f64)),
         ),
         (
             "weir_watermark_milliseconds",
             "gauge",
-            "The node's event-time watermark (the least of its subtasks'), ms since the Unix epoch for wall-clock event time.",
-            Box::new(move |n| time(n).map(|w| w as f64)),
+            "The subtask's event-time watermark, ms since the Unix epoch for wall-clock event time (a node's is the \
+             least of its subtasks').",
+            Box::new(move |s| time(s).map(|w| w as f64)),
         ),
         (
             "weir_watermark_lag_seconds",
             "gauge",
-            "Scrape time minus the node's watermark (meaningful when event time is wall-clock time).",
-            Box::new(move |n| time(n).map(|w| (now_ms - w as f64) / 1e3)),
+            "Scrape time minus the subtask's watermark (meaningful when event time is wall-clock time).",
+            Box::new(move |s| time(s).map(|w| (now_ms - w as f64) / 1e3)),
         ),
     ]
 }
@@ -148,12 +156,15 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
         let _ = writeln!(out, "weir_job_upgrades_total{{{}}} {}", labels(j), j.status.upgrades.len());
     }
     let now_ms = crate::checkpoint::driver::unix_ms() as f64;
-    for (name, kind, help, pick) in node_families(now_ms) {
+    for (name, kind, help, pick) in subtask_families(now_ms) {
         family(&mut out, name, kind, help);
         for j in jobs {
             for n in &j.status.nodes {
-                if let Some(v) = pick(n) {
-                    let _ = writeln!(out, "{name}{{{},node=\"{}\"}} {v}", labels(j), escape(&n.uid));
+                for s in &n.subtasks {
+                    if let Some(v) = pick(s) {
+                        let (l, node) = (labels(j), escape(&n.uid));
+                        let _ = writeln!(out, "{name}{{{l},node=\"{node}\",subtask=\"{}\"}} {v}", s.subtask);
+                    }
                 }
             }
         }
@@ -205,9 +216,22 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
 mod tests {
     use super::*;
     use crate::runtime::handle::NodeStatus;
+    use crate::runtime::metrics::Counters;
 
     #[test]
     fn renders_families_with_escaped_labels() {
+        let counters = Counters {
+            records_in: 10,
+            records_out: 7,
+            bytes_in: 640,
+            bytes_out: 448,
+            backpressured_ms: 1500,
+            busy_ms: 250,
+            idle_ms: 3000,
+            guest_calls: 4,
+            dead_letters: 2,
+            guest_memory_bytes: 1 << 20,
+        };
         let status = JobStatus {
             name: "wc".into(),
             state: JobState::Running,
@@ -234,24 +258,62 @@ mod tests {
                 bytes_out: 448,
                 guest_calls: 4,
                 watermark: Some(1_000),
+                guest_memory_bytes: 0,
+                subtasks: vec![
+                    SubtaskStatus { subtask: 0, counters, watermark: Some(1_000) },
+                    SubtaskStatus {
+                        subtask: 1,
+                        counters: Counters { records_in: 1, ..Counters::default() },
+                        watermark: Some(i64::MIN),
+                    },
+                ],
             }],
             upgrades: vec![],
         };
         let m = CheckpointMetrics { id: 5, duration_ms: 250.0, bytes: 4096, ..Default::default() };
         let text = render(&[JobMetrics { tenant: "a\"b", id: "wc-1", status, checkpoints: vec![m] }]);
         assert!(text.contains("# TYPE weir_records_in_total counter\n"), "{text}");
-        assert!(text.contains("weir_records_in_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 10\n"), "{text}");
+        assert!(
+            text.contains("weir_records_in_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 10\n"),
+            "{text}"
+        );
         assert!(text.contains("weir_job_state{tenant=\"a\\\"b\",job=\"wc-1\",state=\"RUNNING\"} 1\n"));
         assert!(text.contains("weir_job_restarts_total{tenant=\"a\\\"b\",job=\"wc-1\"} 1\n"));
         assert!(text.contains("weir_checkpoint_last_duration_seconds{tenant=\"a\\\"b\",job=\"wc-1\"} 0.25\n"));
-        assert!(text.contains("weir_backpressured_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 1.5\n"));
-        assert!(text.contains("weir_dead_letters_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 2\n"));
+        assert!(text.contains(
+            "weir_backpressured_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 1.5\n"
+        ));
+        assert!(
+            text.contains("weir_dead_letters_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 2\n")
+        );
         assert!(text.contains("weir_checkpoints_failed_total{tenant=\"a\\\"b\",job=\"wc-1\"} 1\n"));
-        assert!(text.contains("weir_busy_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 0.25\n"));
-        assert!(text.contains("weir_idle_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 3\n"));
-        assert!(text.contains("weir_bytes_in_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 640\n"));
-        assert!(text.contains("weir_guest_calls_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 4\n"));
-        assert!(text.contains("weir_watermark_milliseconds{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\"} 1000\n"));
+        assert!(
+            text.contains(
+                "weir_busy_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 0.25\n"
+            )
+        );
+        assert!(
+            text.contains("weir_idle_seconds_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 3\n")
+        );
+        assert!(
+            text.contains("weir_bytes_in_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 640\n")
+        );
+        assert!(
+            text.contains("weir_guest_calls_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 4\n")
+        );
+        assert!(text.contains(
+            "weir_watermark_milliseconds{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 1000\n"
+        ));
+        assert!(
+            text.contains("weir_records_in_total{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"1\"} 1\n")
+        );
+        assert!(text.contains(
+            "weir_guest_memory_bytes{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"0\"} 1048576\n"
+        ));
+        // The start of the stream is no time to show.
+        assert!(
+            !text.contains("weir_watermark_milliseconds{tenant=\"a\\\"b\",job=\"wc-1\",node=\"count\",subtask=\"1\"}")
+        );
         assert!(text.contains("weir_traps_total{tenant=\"a\\\"b\",job=\"wc-1\",limit=\"cpu_time\"} 1\n"));
     }
 }

@@ -392,6 +392,8 @@ fn run_attempts(
                     bytes_out: 0,
                     guest_calls: 0,
                     watermark: None,
+                    guest_memory_bytes: 0,
+                    subtasks: Vec::new(),
                 })
                 .collect();
         }
@@ -470,7 +472,7 @@ fn run_attempt(
     let g = &job.graph;
     let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
     let cancel = Arc::new(AtomicBool::new(false));
-    let metrics: Vec<Arc<NodeMetrics>> = g.nodes.iter().map(|_| Arc::default()).collect();
+    let metrics: Vec<Arc<NodeMetrics>> = g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
 
     // What each subtask restores.
     let plan = match restore {
@@ -603,8 +605,9 @@ fn run_attempt(
             let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s) };
             let ins = Inputs::new(inputs[i].pop().unwrap_or_default());
             let out = Output::new(outputs[i].pop().unwrap_or_default(), g.batch_size, 256 * 1024)
-                .with_backpressure(metrics[i].clone());
+                .with_backpressure(metrics[i].subtask(s));
             let (m, c) = (metrics[i].clone(), cancel.clone());
+            let counters = m.subtask(s);
             let range = key_group_range(g.max_parallelism, n.parallelism, s);
             let restored = restored_state(i, s);
             let participant = if store.is_some() {
@@ -640,6 +643,7 @@ fn run_attempt(
                         output: out,
                         batch_size: g.batch_size,
                         metrics: m,
+                        counters,
                         cancel: c,
                         checkpoints: participant,
                         termination: termination.clone(),
@@ -687,6 +691,7 @@ fn run_attempt(
                             inputs: ins,
                             output: out,
                             metrics: m,
+                            counters,
                             cancel: c,
                             checkpoints: participant,
                             restore,
@@ -724,6 +729,7 @@ fn run_attempt(
                         writer,
                         inputs: ins,
                         metrics: m,
+                        counters,
                         cancel: c,
                         checkpoints: participant,
                         termination: termination.clone(),

@@ -161,6 +161,25 @@ pub struct NodeStatus {
     /// Its event-time watermark: the least of its subtasks', once each has one.
     #[serde(default)]
     pub watermark: Option<i64>,
+    /// Linear memory its guest instances hold, bytes (operators; summed).
+    #[serde(default)]
+    pub guest_memory_bytes: u64,
+    /// The same counters per subtask, by subtask index.
+    #[serde(default)]
+    pub subtasks: Vec<SubtaskStatus>,
+}
+
+/// One subtask's counters, as the status shows them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskStatus {
+    /// Subtask index.
+    pub subtask: u32,
+    /// Its counters.
+    #[serde(flatten)]
+    pub counters: crate::runtime::metrics::Counters,
+    /// Its event-time watermark, once one arrived.
+    #[serde(default)]
+    pub watermark: Option<i64>,
 }
 
 /// One edge into a node, as the status shows it.
@@ -275,15 +294,19 @@ impl JobHandle {
     pub fn status(&self) -> JobStatus {
         let mut st = self.status.lock().unwrap().clone();
         for (n, m) in st.nodes.iter_mut().zip(self.metrics.lock().unwrap().iter()) {
-            (n.records_in, n.records_out) = m.read();
-            n.backpressured_ms = m.backpressured_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
-            n.dead_letters = m.dead_letters.load(std::sync::atomic::Ordering::Relaxed);
-            n.busy_ms = m.busy_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
-            n.idle_ms = m.idle_ns.load(std::sync::atomic::Ordering::Relaxed) / 1_000_000;
-            n.bytes_in = m.bytes_in.load(std::sync::atomic::Ordering::Relaxed);
-            n.bytes_out = m.bytes_out.load(std::sync::atomic::Ordering::Relaxed);
-            n.guest_calls = m.calls.load(std::sync::atomic::Ordering::Relaxed);
-            n.watermark = m.watermark(n.parallelism);
+            n.subtasks = (m.per_subtask().into_iter().enumerate())
+                .map(|(i, counters)| SubtaskStatus { subtask: i as u32, counters, watermark: m.watermark_of(i as u32) })
+                .collect();
+            let mut t = crate::runtime::metrics::Counters::default();
+            for s in &n.subtasks {
+                t += s.counters;
+            }
+            (n.records_in, n.records_out, n.bytes_in, n.bytes_out) =
+                (t.records_in, t.records_out, t.bytes_in, t.bytes_out);
+            (n.backpressured_ms, n.busy_ms, n.idle_ms) = (t.backpressured_ms, t.busy_ms, t.idle_ms);
+            (n.dead_letters, n.guest_calls, n.guest_memory_bytes) =
+                (t.dead_letters, t.guest_calls, t.guest_memory_bytes);
+            n.watermark = m.watermark();
         }
         st
     }

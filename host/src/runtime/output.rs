@@ -7,7 +7,6 @@
 //! counter; a send that does not block reads no clock.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crossbeam_channel::{Sender, TrySendError};
 
@@ -15,7 +14,7 @@ use crate::graph::partition::{Partition, Selector, Target};
 use crate::record::{Batch, RecordRef};
 use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::message::Message;
-use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::metrics::SubtaskMetrics;
 
 /// The downstream side is gone (its task stopped): the job is being torn down.
 #[derive(Debug)]
@@ -63,7 +62,7 @@ impl EdgeOutput {
         &mut self,
         index: usize,
         batch: Batch,
-        counter: &Option<Arc<NodeMetrics>>,
+        counter: &Option<Arc<SubtaskMetrics>>,
     ) -> Result<(), Disconnected> {
         if let Some(b) = self.budget.as_ref().filter(|_| self.back[index]) {
             b.add(batch.as_bytes().len() as u64);
@@ -90,12 +89,12 @@ pub struct Output {
     copies: u64,
     /// Records aimed at an edge that has already ended (a loop edge after the loop closed).
     pub dropped_after_end: u64,
-    /// The node whose backpressure counter blocked time goes to.
-    backpressure: Option<Arc<NodeMetrics>>,
+    /// The subtask whose backpressure counter blocked time goes to.
+    backpressure: Option<Arc<SubtaskMetrics>>,
 }
 
 /// Sends `m` on `tx`; if the channel is full, blocks and adds the time blocked to `counter`.
-fn send(tx: &Sender<Message>, m: Message, counter: &Option<Arc<NodeMetrics>>) -> Result<(), Disconnected> {
+fn send(tx: &Sender<Message>, m: Message, counter: &Option<Arc<SubtaskMetrics>>) -> Result<(), Disconnected> {
     match tx.try_send(m) {
         Ok(()) => Ok(()),
         Err(TrySendError::Disconnected(_)) => Err(Disconnected),
@@ -103,7 +102,7 @@ fn send(tx: &Sender<Message>, m: Message, counter: &Option<Arc<NodeMetrics>>) ->
             let t = std::time::Instant::now();
             tx.send(m).map_err(|_| Disconnected)?;
             if let Some(c) = counter {
-                c.backpressured_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                c.add_backpressured(t.elapsed());
             }
             Ok(())
         }
@@ -125,7 +124,7 @@ impl Output {
     }
 
     /// Adds the time blocked on full channels to `counter`'s backpressure time.
-    pub fn with_backpressure(mut self, counter: Arc<NodeMetrics>) -> Self {
+    pub fn with_backpressure(mut self, counter: Arc<SubtaskMetrics>) -> Self {
         self.backpressure = Some(counter);
         self
     }

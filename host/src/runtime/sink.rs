@@ -17,7 +17,7 @@ use crate::runtime::error::TaskFailure;
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::latency::LatencyRecorder;
 use crate::runtime::message::Message;
-use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};
 use crate::runtime::participant::{self, Participant};
 use crate::runtime::termination::LoopTermination;
 
@@ -41,6 +41,8 @@ pub struct SinkTask {
     pub inputs: Inputs,
     /// Counters of the node.
     pub metrics: Arc<NodeMetrics>,
+    /// This subtask's counters (the node's `subtask(i)`).
+    pub counters: Arc<SubtaskMetrics>,
     /// Set when the job is being torn down.
     pub cancel: Arc<AtomicBool>,
     /// Checkpointing links (`None`: checkpointing is off).
@@ -104,7 +106,7 @@ impl SinkTask {
             }
             let waited = std::time::Instant::now();
             let received = self.inputs.recv(Some(Duration::from_millis(50)), &parked, control.as_ref());
-            self.metrics.add_idle(waited.elapsed());
+            self.counters.add_idle(waited.elapsed());
             match received {
                 Received::Idle => {}
                 Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
@@ -137,8 +139,7 @@ impl SinkTask {
                     Control::Query(q) => q.answer(Err("only operators keep state that can be queried".into())),
                 },
                 Received::Message(_, Message::Data(batch)) => {
-                    self.metrics.add_in(batch.len() as u64);
-                    self.metrics.bytes_in.fetch_add(batch.byte_len() as u64, Ordering::Relaxed);
+                    self.counters.add_in(batch.len() as u64, batch.byte_len() as u64);
                     match &mut self.writer {
                         SinkWriter::File(f) => {
                             for r in batch.iter() {
@@ -162,7 +163,7 @@ impl SinkTask {
                 }
                 Received::Message(i, Message::Watermark(wm)) => {
                     if let Some(w) = self.inputs.on_watermark(i, wm) {
-                        self.metrics.set_watermark(self.id.subtask.0, w);
+                        self.counters.set_watermark(w);
                     }
                 }
                 Received::Message(i, Message::Barrier(id)) => {

@@ -14,7 +14,7 @@ use crate::connectors::generator::Generator;
 use crate::ids::TaskId;
 use crate::runtime::error::TaskFailure;
 use crate::runtime::message::Message;
-use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};
 use crate::runtime::output::Output;
 use crate::runtime::participant::Participant;
 use crate::runtime::termination::LoopTermination;
@@ -66,6 +66,8 @@ pub struct SourceTask {
     pub batch_size: u32,
     /// Counters of the node.
     pub metrics: Arc<NodeMetrics>,
+    /// This subtask's counters (the node's `subtask(i)`).
+    pub counters: Arc<SubtaskMetrics>,
     /// Set when the job is being torn down.
     pub cancel: Arc<AtomicBool>,
     /// Checkpointing links (`None`: checkpointing is off).
@@ -216,7 +218,7 @@ impl SourceTask {
             if n == 0 {
                 continue;
             }
-            self.metrics.add_out(n as u64);
+            self.counters.add_out(n as u64, 0);
             batches += 1;
             if let SourceReader::Generator(g) = &self.reader
                 && batches.is_multiple_of(WATERMARK_EVERY)

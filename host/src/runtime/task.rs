@@ -27,7 +27,7 @@ use crate::runtime::faults::{FaultKind, FaultPlan};
 use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
-use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};
 use crate::runtime::output::{Disconnected, Output};
 use crate::runtime::participant::{self, Participant};
 use crate::runtime::query::StateQuery;
@@ -67,6 +67,8 @@ pub struct OperatorTask {
     pub output: Output,
     /// Counters of the node.
     pub metrics: Arc<NodeMetrics>,
+    /// This subtask's counters (the node's `subtask(i)`).
+    pub counters: Arc<SubtaskMetrics>,
     /// Set when the job is being torn down.
     pub cancel: Arc<AtomicBool>,
     /// Checkpointing links (`None`: checkpointing is off).
@@ -253,6 +255,13 @@ impl OperatorTask {
         TaskFailure::Guest { task: self.id.clone(), source: e }
     }
 
+    /// Counts a guest call begun at `started`, and the guest memory it left.
+    fn count_call(&mut self, started: Instant) {
+        let elapsed = started.elapsed();
+        let memory = self.instance.host().store_limits.memory_bytes();
+        self.counters.add_call(elapsed, memory);
+    }
+
     fn disconnected(&self, _: Disconnected) -> TaskFailure {
         TaskFailure::Disconnected { task: self.id.clone() }
     }
@@ -261,8 +270,7 @@ impl OperatorTask {
     fn route_emitted(&mut self) -> Result<(), TaskFailure> {
         let out = self.instance.take_emitted();
         if !out.is_empty() {
-            self.metrics.add_out(out.len() as u64);
-            self.metrics.bytes_out.fetch_add(out.byte_len() as u64, Ordering::Relaxed);
+            self.counters.add_out(out.len() as u64, out.byte_len() as u64);
             self.output.emit_batch(&out).map_err(|d| self.disconnected(d))?;
             if let Some((held, limit)) = self.output.feedback_over() {
                 return Err(TaskFailure::Limit {
@@ -298,7 +306,7 @@ impl OperatorTask {
         loop {
             let started = Instant::now();
             let r = self.instance.process(side, &batch);
-            self.metrics.add_busy(started.elapsed());
+            self.count_call(started);
             let (call, message) = match r {
                 Ok(()) => return self.route_emitted(),
                 Err(GuestError::Failed { call, message }) => (call, message),
@@ -322,7 +330,7 @@ impl OperatorTask {
             self.route_emitted()?;
             let mut letter = Batch::default();
             letter.push(port, rec.timestamp, rec.key, rec.value);
-            self.metrics.dead_letters.fetch_add(1, Ordering::Relaxed);
+            self.counters.add_dead_letter();
             self.output.emit_batch(&letter).map_err(|d| self.disconnected(d))?;
             let mut rest = Batch::default();
             for r in batch.iter().skip(index as usize + 1) {
@@ -374,7 +382,7 @@ impl OperatorTask {
             }
             let t = Instant::now();
             let r = self.instance.on_timer(domain, &due);
-            self.metrics.add_busy(t.elapsed());
+            self.count_call(t);
             r.map_err(|e| self.guest(e))?;
             self.route_emitted()?;
         }
@@ -382,11 +390,11 @@ impl OperatorTask {
 
     fn advance_watermark(&mut self, wm: i64) -> Result<(), TaskFailure> {
         self.instance.host().watermark = wm;
-        self.metrics.set_watermark(self.id.subtask.0, wm);
+        self.counters.set_watermark(wm);
         self.fire_timers(TimeDomain::EventTime, wm)?;
         let t = Instant::now();
         let r = self.instance.on_watermark(wm);
-        self.metrics.add_busy(t.elapsed());
+        self.count_call(t);
         r.map_err(|e| self.guest(e))?;
         self.route_emitted()?;
         if wm != i64::MAX {
@@ -523,7 +531,7 @@ impl OperatorTask {
     /// the abort (queued for the task loop, which handles it before anything else).
     fn fault_while_draining(&mut self, id: CheckpointId) -> Result<(), TaskFailure> {
         let Some(f) = &self.faults else { return Ok(()) };
-        let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+        let (records, done) = (self.metrics.records_in(), self.checkpoints.as_ref().map_or(0, |p| p.completed));
         if !f.plan.due_while_draining(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
             return Ok(());
         }
@@ -727,7 +735,7 @@ impl OperatorTask {
     /// Failure injection: fail here, while a loop head's back-edge log for `id` is open.
     fn fault_while_logging(&self, id: CheckpointId) -> Result<(), TaskFailure> {
         if let Some(f) = &self.faults {
-            let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+            let (records, done) = (self.metrics.records_in(), self.checkpoints.as_ref().map_or(0, |p| p.completed));
             if f.plan.due_while_logging(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
                 return Err(TaskFailure::Connector {
                     task: self.id.clone(),
@@ -741,7 +749,7 @@ impl OperatorTask {
     /// Failure injection: fail here, with checkpoint `id` in flight, if the plan says so.
     fn fault_at_barrier(&self, id: CheckpointId) -> Result<(), TaskFailure> {
         if let Some(f) = &self.faults {
-            let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+            let (records, done) = (self.metrics.records_in(), self.checkpoints.as_ref().map_or(0, |p| p.completed));
             if f.plan.due_at_barrier(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
                 return Err(TaskFailure::Connector {
                     task: self.id.clone(),
@@ -790,7 +798,7 @@ impl OperatorTask {
 
     fn inject_faults(&mut self) -> Result<(), TaskFailure> {
         let Some(f) = &self.faults else { return Ok(()) };
-        let (records, done) = (self.metrics.read().0, self.checkpoints.as_ref().map_or(0, |p| p.completed));
+        let (records, done) = (self.metrics.records_in(), self.checkpoints.as_ref().map_or(0, |p| p.completed));
         match f.plan.due(f.attempt, self.id.node.as_str(), self.id.subtask.0, records, done) {
             None | Some(FaultKind::DuringCheckpoint | FaultKind::WhileLogging | FaultKind::DeclineWhileDraining) => {
                 Ok(())
@@ -867,7 +875,7 @@ impl OperatorTask {
                         &|i| is_parked(&head, &aligner, i),
                         control.as_ref(),
                     );
-                    self.metrics.add_idle(idle.elapsed());
+                    self.counters.add_idle(idle.elapsed());
                 }
             }
             match received {
@@ -922,8 +930,7 @@ impl OperatorTask {
                 },
                 Received::Message(i, Message::Data(batch)) => {
                     let n = batch.len() as u64;
-                    self.metrics.add_in(n);
-                    self.metrics.bytes_in.fetch_add(batch.byte_len() as u64, Ordering::Relaxed);
+                    self.counters.add_in(n, batch.byte_len() as u64);
                     let side = self.inputs.side(i);
                     if head.is_some() && self.inputs.is_feedback(i) {
                         let b = self.inputs.feedback_backlog() as u64 + 1;

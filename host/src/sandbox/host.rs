@@ -8,7 +8,6 @@ use crate::sandbox::bindings::{collector, context, logging, timers, types};
 use crate::sandbox::guest_text::{LogBudget, tame};
 use crate::sandbox::limits::Limits;
 use crate::sandbox::timers::TimerQueue;
-use wasmtime::StoreLimits;
 
 /// Largest timer key.
 pub const MAX_TIMER_KEY: usize = 64 << 10;
@@ -46,7 +45,7 @@ pub struct HostState {
     /// The instance's limits.
     pub limits: Limits,
     /// Memory, table and instance caps (the store's limiter).
-    pub store_limits: StoreLimits,
+    pub store_limits: crate::sandbox::limits::MeteredLimits,
 }
 
 impl HostState {

@@ -176,7 +176,8 @@ function renderOperators(live) {
     el("td", { class: "num" }, n.kind === "source" ? "–" : fmtPct(idle)),
     el("td", {}, n.watermark == null ? "–" : String(n.watermark)),
     el("td", { class: "num" }, n.records_in), el("td", { class: "num" }, n.records_out),
-    el("td", { class: "num" }, n.dead_letters || 0))));
+    el("td", { class: "num" }, n.dead_letters || 0),
+    el("td", { class: "num" }, n.kind === "operator" ? fmtBytes(n.guest_memory_bytes || 0) : "–"))));
 }
 
 function renderUpgradeChoices(nodes) {
