@@ -480,3 +480,86 @@ fn ops_logs_are_structured_and_json_lines_carry_job_operator_subtask_and_guest_l
     assert!(text.status.success() && stderr.contains("[logjob/bad#0] record"), "{stderr}");
     assert!(stderr.lines().all(|l| !l.starts_with("[victim")), "a forged line: {stderr}");
 }
+
+/// `[tls]` in server.toml: a real `weir serve` speaks only TLS. The CLI, trusting the
+/// server's self-signed certificate with `--ca-cert`, submits a job, follows it to the end and
+/// lists it (the job's output is right); without `--ca-cert` the CLI refuses the unknown
+/// certificate; a plain-HTTP request gets no HTTP answer; a client that never starts its
+/// handshake is closed by the head's deadline.
+#[test]
+fn ops_api_over_tls_serves_the_cli_and_refuses_plain_or_untrusted_clients() {
+    use std::io::Read;
+    let d = scratch();
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+    std::fs::create_dir(d.path().join("tls")).unwrap();
+    std::fs::write(d.path().join("tls/cert.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(d.path().join("tls/key.pem"), cert.signing_key.serialize_pem()).unwrap();
+    let token = "tls-tenant-token-0123456789";
+    let serve = crate::sandbox::weir_serve(
+        d.path(),
+        &format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\nheader_timeout_ms = 2000\n\
+             [tls]\ncert = \"tls/cert.pem\"\nkey = \"tls/key.pem\"\n\
+             [[tenant]]\nname = \"tls\"\ntoken = \"{token}\"\n"
+        ),
+    );
+    let url = serve.url.clone();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let addr = url.trim_start_matches("https://").to_string();
+    let ca = d.path().join("tls/cert.pem");
+    let weir = |args: &[&str], trusted: bool| {
+        let mut c = crate::support::weir();
+        c.args(["--server", &url, "--token", token]);
+        if trusted {
+            c.arg("--ca-cert").arg(&ca);
+        }
+        c.args(args).output().unwrap()
+    };
+    let cli = |args: &[&str]| {
+        let out = weir(args, true);
+        assert!(out.status.success(), "weir {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+
+    crate::support::guests();
+    let job = crate::support::root().join("examples/wordcount/job.toml");
+    let id = cli(&["submit", job.to_str().unwrap()]).trim().to_string();
+    assert!(id.starts_with("wordcount-"), "{id}");
+    let t0 = Instant::now();
+    while !cli(&["status", &id]).contains("\"state\": \"FINISHED\"") {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the job did not finish: {}", cli(&["status", &id]));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(cli(&["list"]).contains(&id));
+    let expected =
+        std::fs::read_to_string(crate::support::root().join("examples/wordcount/expected/counts.txt")).unwrap();
+    let mut expected: Vec<String> = expected.lines().map(str::to_string).collect();
+    expected.sort();
+    assert_eq!(crate::support::committed_lines(&d.path().join("data/tls/files/out")), expected);
+
+    // The library client too, and the token still matters over TLS.
+    let client = weir::api::client::Client::with_ca(&url, token, &ca).unwrap();
+    assert!(client.call("GET", "/v1/jobs", b"").unwrap().to_string().contains(&id));
+    let stranger = weir::api::client::Client::with_ca(&url, "no-such-token-0000000", &ca).unwrap();
+    assert!(stranger.call("GET", "/v1/jobs", b"").unwrap_err().to_string().contains("token"));
+
+    // Not trusted: the usual web roots do not know a self-signed certificate.
+    let out = weir(&["list"], false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cannot reach the Weir API") && err.contains("ertificate"), "{err}");
+    // Plain HTTP on the TLS port: no HTTP answer.
+    let plain = send(&addr, "GET", "/v1/jobs", token, b"", Duration::from_secs(60));
+    assert!(plain.is_err(), "a plain-HTTP request was answered: {plain:?}");
+    // A client that connects and never starts its handshake is closed (EOF or reset).
+    let mut idle = std::net::TcpStream::connect(&addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut buf = [0u8; 64];
+    match idle.read(&mut buf) {
+        Ok(n) => assert_eq!(n, 0, "the server wrote {n} bytes to a client that never spoke"),
+        Err(e) => assert!(
+            !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "the idle connection was kept open: {e}"
+        ),
+    }
+    drop(serve);
+}

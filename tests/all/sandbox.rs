@@ -569,9 +569,9 @@ mod front_door {
 }
 
 /// A real `weir serve` process, killed when dropped (also when a test fails half-way).
-struct Serve {
+pub(crate) struct Serve {
     child: std::process::Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Drop for Serve {
@@ -582,7 +582,7 @@ impl Drop for Serve {
 }
 
 /// Starts `weir serve` on `<dir>/server.toml` (written from `toml`).
-fn weir_serve(dir: &Path, toml: &str) -> Serve {
+pub(crate) fn weir_serve(dir: &Path, toml: &str) -> Serve {
     use std::io::BufRead;
     std::fs::write(dir.join("server.toml"), toml).unwrap();
     let mut child = crate::support::weir()
@@ -595,7 +595,7 @@ fn weir_serve(dir: &Path, toml: &str) -> Serve {
     let mut serve = Serve { child, url: String::new() };
     serve.url = loop {
         let l = lines.next().expect("weir serve printed its address").unwrap();
-        // A log line: ` INFO weir serving N tenant(s) at http://ADDR (...)`.
+        // A log line: ` INFO weir serving N tenant(s) at http://ADDR (...)` (or https://).
         if let Some(rest) = l.split_once("weir serving ").and_then(|(_, r)| r.split("at ").nth(1)) {
             break rest.split_whitespace().next().unwrap().to_string();
         }

@@ -20,7 +20,11 @@
 //!   that tenant's, never the accept loop, and a handler that panics answers 500 and takes
 //!   nothing else down;
 //! - the **dashboard's files** (`dashboard.rs`) are answered before authentication: they are
-//!   static, hold no data, and cost no handler or tenant slot.
+//!   static, hold no data, and cost no handler or tenant slot;
+//! - with **TLS** (`tls.rs`), the handshake must finish within [`FrontDoor::header_timeout`]
+//!   too, and the head's deadline starts after it (a head by twice that at worst); a
+//!   connection over a cap is closed without an answer (a plain-text 503 means nothing to a TLS
+//!   client).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -151,10 +155,17 @@ struct Shared<R> {
     routes: Arc<R>,
     door: FrontDoor,
     per_tenant: Arc<Slots<String>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
-/// Listens on `addr` (port 0: any free port) until the returned value is dropped.
-pub fn listen<R: Routes>(routes: Arc<R>, addr: &str, door: FrontDoor) -> std::io::Result<Listening> {
+/// Listens on `addr` (port 0: any free port) until the returned value is dropped; with `tls`,
+/// every connection is TLS.
+pub fn listen<R: Routes>(
+    routes: Arc<R>,
+    addr: &str,
+    door: FrontDoor,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> std::io::Result<Listening> {
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;
     let local = std_listener.local_addr()?;
@@ -167,7 +178,8 @@ pub fn listen<R: Routes>(routes: Arc<R>, addr: &str, door: FrontDoor) -> std::io
     let stop = Arc::new(Notify::new());
     let open = Arc::new(AtomicUsize::new(0));
     let (stop2, open2) = (stop.clone(), open.clone());
-    let shared = Arc::new(Shared { routes, door, per_tenant: Arc::default() });
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    let shared = Arc::new(Shared { routes, door, per_tenant: Arc::default(), tls });
     let listener = {
         let _guard = rt.enter();
         tokio::net::TcpListener::from_std(std_listener)?
@@ -207,14 +219,24 @@ async fn accept_loop<R: Routes>(
             per_ip.take(&peer.ip(), door.max_connections_per_ip)
         };
         let Some(slot) = slot else {
-            refuse(stream, door, peer);
+            if shared.tls.is_none() {
+                refuse(stream, door, peer);
+            }
             continue;
         };
         open.fetch_add(1, Ordering::AcqRel);
         let (shared, open) = (shared.clone(), open.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            serve_connection(stream, shared).await;
+            match shared.tls.clone() {
+                None => serve_connection(stream, shared).await,
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(door.header_timeout, acceptor.accept(stream)).await;
+                    if let Ok(Ok(tls)) = handshake {
+                        serve_connection(tls, shared).await;
+                    }
+                }
+            }
             open.fetch_sub(1, Ordering::AcqRel);
         });
     }
@@ -240,7 +262,11 @@ fn refuse(stream: tokio::net::TcpStream, door: FrontDoor, peer: SocketAddr) {
     let _ = stream.try_write(msg.as_bytes());
 }
 
-async fn serve_connection<R: Routes>(stream: tokio::net::TcpStream, shared: Arc<Shared<R>>) {
+async fn serve_connection<R, S>(stream: S, shared: Arc<Shared<R>>)
+where
+    R: Routes,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let door = shared.door;
     let svc = service_fn(move |req| {
         let shared = shared.clone();

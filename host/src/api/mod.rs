@@ -6,7 +6,8 @@
 //! trickling, smuggling and malformed clients, which a well-kept HTTP library handles and a
 //! hand-written parser keeps getting wrong. The routes stay blocking (`server.rs`): they wait
 //! on job threads and channels, and run on the runtime's blocking pool. The web dashboard
-//! (`dashboard.rs`) is a page over these routes, served by the same front door.
+//! (`dashboard.rs`) is a page over these routes, served by the same front door, over TLS when
+//! `server.toml` has a `[tls]` (`tls.rs`).
 
 pub mod client;
 pub mod dashboard;
@@ -16,3 +17,4 @@ pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod tenants;
+pub mod tls;

@@ -93,6 +93,8 @@ pub struct Api {
     disk_budgets: Mutex<BTreeMap<String, Arc<DiskBudget>>>,
     /// The front door's bounds.
     door: FrontDoor,
+    /// `[tls]`: the API speaks only TLS.
+    tls: Option<Arc<rustls::ServerConfig>>,
     /// Server mode: the tenants' CPU groups (kept alive for as long as the API).
     cpu: CpuShares,
     /// Each tenant's CPU group, where the host offers them.
@@ -129,13 +131,19 @@ impl Api {
             compiling: Mutex::default(),
             disk_budgets: Mutex::default(),
             door: FrontDoor::default(),
+            tls: None,
             cpu: CpuShares::off("one job per process"),
             cpu_groups: BTreeMap::new(),
         })
     }
 
-    /// The API of `weir serve`: the tenants of `config`, their jobs on `engine`.
+    /// The API of `weir serve`: the tenants of `config`, their jobs on `engine`; over TLS when
+    /// `config.tls` says so (a certificate or key that does not load is an error here).
     pub fn hosting(config: &ServerConfig, engine: Engine) -> std::io::Result<Arc<Api>> {
+        let tls = match &config.tls {
+            Some(files) => Some(files.server_config().map_err(std::io::Error::other)?),
+            None => None,
+        };
         for t in &config.tenant {
             std::fs::create_dir_all(config.data_dir.join(&t.name).join("components"))?;
             std::fs::create_dir_all(config.data_dir.join(&t.name).join("files"))?;
@@ -161,9 +169,15 @@ impl Api {
             compiling: Mutex::default(),
             disk_budgets: Mutex::default(),
             door: config.front_door(),
+            tls,
             cpu,
             cpu_groups,
         }))
+    }
+
+    /// Whether the API speaks TLS (`https://`).
+    pub fn speaks_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Why tenants do not get CPU shares, if they do not.
@@ -179,7 +193,7 @@ impl Api {
 
     /// Listens on `addr` (port 0: any free port) until the returned server is dropped.
     pub fn serve(self: &Arc<Self>, addr: &str) -> std::io::Result<ApiServer> {
-        let listening = listener::listen(self.clone(), addr, self.door)?;
+        let listening = listener::listen(self.clone(), addr, self.door, self.tls.clone())?;
         Ok(ApiServer { addr: listening.addr, api: self.clone(), _listening: listening })
     }
 

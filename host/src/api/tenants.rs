@@ -158,6 +158,11 @@ pub struct ServerConfig {
     /// `[compile]`: bounds of compiling a tenant's component.
     #[serde(default)]
     pub compile: CompileBounds,
+    /// `[tls]`: serve the API over TLS with this certificate and key (relative paths against
+    /// the file's directory); without it, plain HTTP (keep it on loopback or behind a proxy
+    /// that terminates TLS).
+    #[serde(default)]
+    pub tls: Option<crate::api::tls::TlsFiles>,
 }
 
 /// `[compile]` in `server.toml`: each tenant component is compiled in a child process with
@@ -208,6 +213,7 @@ impl ServerConfig {
             max_connections_per_ip: None,
             cpu_cgroup: default_cpu_cgroup(),
             compile: CompileBounds::default(),
+            tls: None,
         }
     }
 
@@ -229,9 +235,11 @@ impl ServerConfig {
     pub fn load(path: &Path) -> Result<ServerConfig, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let mut c: ServerConfig = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
         if c.data_dir.is_relative() {
-            c.data_dir = path.parent().unwrap_or(Path::new(".")).join(&c.data_dir);
+            c.data_dir = dir.join(&c.data_dir);
         }
+        c.tls = c.tls.map(|t| t.relative_to(dir));
         c.check().map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(c)
     }

@@ -30,13 +30,17 @@ use weir::scaffold;
 #[derive(Parser)]
 #[command(name = "weir", version, verbatim_doc_comment)]
 struct Cli {
-    /// Talk to this Weir API (`http://host:port`) instead of finding the job's own API in
-    /// the local registry ($WEIR_HOME/jobs, default ~/.weir/jobs).
+    /// Talk to this Weir API (`http://host:port` or `https://host:port`) instead of finding
+    /// the job's own API in the local registry ($WEIR_HOME/jobs, default ~/.weir/jobs).
     #[arg(long, global = true, requires = "token")]
     server: Option<String>,
     /// Bearer token for --server.
     #[arg(long, global = true)]
     token: Option<String>,
+    /// Trust only this CA (PEM) for an `https://` --server: a private CA or the server's
+    /// self-signed certificate. Without it, the usual web roots.
+    #[arg(long, global = true, requires = "server")]
+    ca_cert: Option<PathBuf>,
     /// The log's format on stderr: `text` for people, `json` (one object per line, with job,
     /// operator and subtask fields) for machines. `WEIR_LOG` filters it (default `info`).
     #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
@@ -290,7 +294,11 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> Result<()> {
-    let cli_server = cli.server.clone().zip(cli.token.clone());
+    let cli_server = cli.server.clone().zip(cli.token.clone()).map(|(url, token)| Remote {
+        url,
+        token,
+        ca_cert: cli.ca_cert.clone(),
+    });
     // Compiled components persist across runs (a job starts in milliseconds the second
     // time); `weir serve` keeps its own cache in its data directory instead.
     if !matches!(cli.command, Command::Serve { .. } | Command::CompileComponent { .. })
@@ -460,8 +468,9 @@ fn real_main(cli: Cli) -> Result<()> {
                 .with_context(|| format!("preparing the data directory {}", cfg.data_dir.display()))?;
             let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
             tracing::info!(
-                "weir serving {} tenant(s) at http://{} (data in {}; dashboard at /ui/)",
+                "weir serving {} tenant(s) at {}://{} (data in {}; dashboard at /ui/)",
                 cfg.tenant.len(),
+                if api.speaks_tls() { "https" } else { "http" },
                 server.addr,
                 cfg.data_dir.display()
             );
@@ -476,10 +485,10 @@ fn real_main(cli: Cli) -> Result<()> {
             }
         }
         Command::Submit { job, restore, allow_non_restored_state } => {
-            let Some((url, token)) = &cli_server else {
+            let Some(remote) = &cli_server else {
                 anyhow::bail!("`weir submit` needs --server URL --token T (a `weir serve` to submit to)");
             };
-            let c = Client::new(url, token);
+            let c = remote.client()?;
             let text = std::fs::read_to_string(&job).with_context(|| format!("cannot read {}", job.display()))?;
             let mut doc: toml::Table = text.parse().with_context(|| format!("{} is not valid TOML", job.display()))?;
             let dir = job.parent().unwrap_or(std::path::Path::new(".")).to_path_buf();
@@ -519,8 +528,8 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::List => {
             let mut rows = Vec::new();
             match &cli_server {
-                Some((url, token)) => {
-                    let v = Client::new(url, token).call("GET", "/v1/jobs", b"")?;
+                Some(remote) => {
+                    let v = remote.client()?.call("GET", "/v1/jobs", b"")?;
                     rows.extend(v.as_array().cloned().unwrap_or_default());
                 }
                 None => {
@@ -671,11 +680,27 @@ fn absolute(p: PathBuf) -> Result<PathBuf> {
     Ok(if p.is_absolute() { p } else { std::env::current_dir()?.join(p) })
 }
 
+/// `--server`, `--token` and `--ca-cert`.
+struct Remote {
+    url: String,
+    token: String,
+    ca_cert: Option<PathBuf>,
+}
+
+impl Remote {
+    fn client(&self) -> Result<Client> {
+        Ok(match &self.ca_cert {
+            Some(ca) => Client::with_ca(&self.url, &self.token, ca)?,
+            None => Client::new(&self.url, &self.token),
+        })
+    }
+}
+
 /// The API client for `job` and the job's name in the API: `--server`, or the job's own API
 /// from the registry (where `job` may be `<job>@<pid>`).
-fn client(server: &Option<(String, String)>, job: &str) -> Result<(Client, String)> {
-    if let Some((url, token)) = server {
-        return Ok((Client::new(url, token), job.to_string()));
+fn client(server: &Option<Remote>, job: &str) -> Result<(Client, String)> {
+    if let Some(remote) = server {
+        return Ok((remote.client()?, job.to_string()));
     }
     let e = registry::find(job).with_context(|| {
         format!(
