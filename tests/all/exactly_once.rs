@@ -6,7 +6,8 @@
 //!
 //! Every seeded run must show zero violations, and its committed output and final state
 //! must equal the failure-free run's (golden output), at parallelism 1, > 1, and with a
-//! two-input operator. CI runs 20 seeds; run 500 with
+//! two-input operator. A reader lists the committed parts during every seeded run: a part
+//! once visible never disappears or changes. CI runs 20 seeds; run 500 with
 //! `WEIR_EXACTLY_ONCE_SEEDS=500 cargo test --release exactly_once_`.
 
 use std::collections::BTreeMap;
@@ -172,6 +173,36 @@ fn run(t: &Topology, dir: &Path, faults: Option<Arc<FaultPlan>>) -> Outcome {
     }
 }
 
+/// Lists the committed parts in `out` until `stop`, as a reader of the output would: a part
+/// once visible must stay, with the same content (a sink that committed at the barrier rather
+/// than on the checkpoint's completion would show parts that a restore then removes). Returns
+/// how many listings it made.
+fn watch_committed_parts(out: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
+    let mut seen: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut listings = 0;
+    loop {
+        // One more listing after the run ended: the final parts.
+        let last = stop.load(std::sync::atomic::Ordering::Relaxed);
+        let names: Vec<String> = std::fs::read_dir(out)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        for name in names.iter().filter(|n| n.starts_with("part-")) {
+            // A committed part is complete when it gets its name: its content never changes.
+            if let Ok(bytes) = std::fs::read(out.join(name)) {
+                let before = seen.entry(name.clone()).or_insert_with(|| bytes.clone());
+                assert!(*before == bytes, "committed part {name} changed");
+            }
+        }
+        let gone: Vec<&String> = seen.keys().filter(|n| !names.contains(n)).collect();
+        assert!(gone.is_empty(), "committed parts disappeared: {gone:?}");
+        listings += 1;
+        if last {
+            return listings;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 fn seeds() -> u64 {
     std::env::var("WEIR_EXACTLY_ONCE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20)
 }
@@ -203,8 +234,16 @@ fn check_topology(t: Topology, share: u64) {
             &kinds,
         ));
         let dir = scratch();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let (out, stop) = (dir.path().join("out"), stop.clone());
+            std::thread::spawn(move || watch_committed_parts(&out, &stop))
+        };
         let got = run(&t, dir.path(), Some(plan.clone()));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let ctx = format!("topology {} seed {seed}, faults {:?}", t.name, plan.faults());
+        let listings = watcher.join().unwrap_or_else(|_| panic!("a committed part was retracted ({ctx})"));
+        assert!(listings > 0, "the committed parts were never listed ({ctx})");
         assert_eq!(got.summary.attempts, failures + 1, "every planned failure must fire: {ctx}");
         assert!(
             got.violations.is_empty(),
