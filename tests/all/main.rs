@@ -4,6 +4,7 @@
 //! Every test runs the real WebAssembly components (built on first use by `support`).
 
 mod boundary;
+mod connectors;
 mod cycles;
 mod errors;
 mod exactly_once;
@@ -11,6 +12,7 @@ mod examples;
 mod lang;
 mod newcomer;
 mod ops;
+mod pg;
 mod process_recovery;
 mod query;
 mod record_errors;

@@ -614,6 +614,13 @@ fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
                 return Err(format!("sink `{}`: a server's stdout is shared; use a file sink", n.id));
             }
             NodeKind::Sink(SinkKind::Blackhole { .. }) => {}
+            NodeKind::Sink(SinkKind::Postgres(_)) => {
+                return Err(format!(
+                    "sink `{}`: a shared server does not open network connections for tenants' jobs yet \
+                     (their destinations are not confined); run a PostgreSQL sink with `weir run`",
+                    n.id
+                ));
+            }
             NodeKind::Operator(op) => {
                 if !confined(&root.join("components"), &op.component) {
                     return Err(format!("operator `{}`: its component is not one you uploaded", n.id));

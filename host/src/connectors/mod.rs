@@ -3,4 +3,5 @@
 pub mod file_sink;
 pub mod file_source;
 pub mod generator;
+pub mod postgres_sink;
 pub mod throttle;

@@ -231,6 +231,37 @@ pub enum SinkKind {
         /// Measure latency.
         latency: bool,
     },
+    /// Rows of a PostgreSQL table, exactly-once by two-phase commit.
+    Postgres(PostgresTarget),
+}
+
+/// A PostgreSQL sink's table and how record values map onto it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresTarget {
+    /// libpq connection string (`host=... dbname=...` or `postgres://...`).
+    pub url: String,
+    /// Table, optionally schema-qualified (`schema.table`).
+    pub table: String,
+    /// Upsert on these columns (a unique index on exactly them); empty: append.
+    pub upsert_key: Vec<String>,
+    /// Columns written, in the CSV's field order; empty (JSON only): every column of the table.
+    pub columns: Vec<String>,
+    /// What a record's value is.
+    pub format: ValueFormat,
+    /// Prepared transactions are named `<prefix>/<subtask>/<checkpoint>`.
+    pub transaction_prefix: String,
+}
+
+/// How a connector reads a record's value as columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueFormat {
+    /// A JSON object, column name to value.
+    Json,
+    /// One CSV line, fields in the order of the configured columns; an empty field is NULL.
+    Csv {
+        /// Field separator.
+        delimiter: u8,
+    },
 }
 
 /// Which input of a two-input operator an edge feeds.

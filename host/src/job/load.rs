@@ -11,12 +11,12 @@ use toml::Spanned;
 
 use crate::checkpoint::coordinator::CheckpointSettings;
 use crate::graph::logical::{
-    CheckpointConfig, Edge, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OnError, OperatorNode, Side,
-    SinkFormat, SinkKind, SourceKind,
+    CheckpointConfig, Edge, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OnError, OperatorNode,
+    PostgresTarget, Side, SinkFormat, SinkKind, SourceKind, ValueFormat,
 };
 use crate::graph::partition::Partition;
 use crate::ids::NodeId;
-use crate::job::spec::{InputSpec, JobSpec};
+use crate::job::spec::{InputSpec, JobSpec, SinkSpec};
 use crate::runtime::restart::RestartStrategy;
 use crate::sandbox::limits::{CEILING, Limits};
 
@@ -297,7 +297,9 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
     for s in &spec.sink {
         let id = add_id(cx, &s.id)?;
         let p = parallelism(cx, &s.parallelism, default_p, max_p, id.as_str())?;
+        let postgres = s.kind.get_ref() == "postgres";
         let format = match s.format.as_ref().map(|f| f.get_ref().as_str()) {
+            _ if postgres => SinkFormat::Value,
             None | Some("value") => SinkFormat::Value,
             Some("key_value") => SinkFormat::KeyValue,
             Some(other) => {
@@ -310,6 +312,9 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         if let Some(l) = s.latency.as_ref().filter(|_| s.kind.get_ref() != "blackhole") {
             return cx.err(l.span(), format!("sink `{id}`: `latency` is an option of `blackhole` sinks only"));
         }
+        if !postgres && let Some((name, span)) = postgres_only(s) {
+            return cx.err(span, format!("sink `{id}`: `{name}` is an option of `postgres` sinks only"));
+        }
         let kind = match s.kind.get_ref().as_str() {
             "file" => {
                 let Some(path) = &s.path else {
@@ -319,10 +324,11 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             }
             "stdout" => SinkKind::Stdout { format },
             "blackhole" => SinkKind::Blackhole { latency: s.latency.as_ref().is_some_and(|l| *l.get_ref()) },
+            "postgres" => SinkKind::Postgres(postgres_target(cx, s, id.as_str(), &name)?),
             other => {
                 return cx.err(
                     s.kind.span(),
-                    format!("sink `{id}`: unknown type `{other}`; use `file`, `stdout` or `blackhole`"),
+                    format!("sink `{id}`: unknown type `{other}`; use `file`, `stdout`, `blackhole` or `postgres`"),
                 );
             }
         };
@@ -649,6 +655,127 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
         }
     }
     Ok(())
+}
+
+/// The first option of `postgres` sinks that `s` sets: (name, where).
+fn postgres_only(s: &SinkSpec) -> Option<(&'static str, Range<usize>)> {
+    let text = |o: &Option<Spanned<String>>| o.as_ref().map(|v| v.span());
+    let list = |o: &Option<Spanned<Vec<String>>>| o.as_ref().map(|v| v.span());
+    [
+        ("url", text(&s.url)),
+        ("table", text(&s.table)),
+        ("mode", text(&s.mode)),
+        ("key", list(&s.key)),
+        ("columns", list(&s.columns)),
+        ("delimiter", text(&s.delimiter)),
+        ("transaction_prefix", text(&s.transaction_prefix)),
+    ]
+    .into_iter()
+    .find_map(|(n, span)| span.map(|sp| (n, sp)))
+}
+
+/// A `postgres` sink's target: `url`, `table`, `format` (`json` or `csv` with `columns` and
+/// `delimiter`), `mode` (`append` or `upsert` with `key`), `transaction_prefix`.
+fn postgres_target(cx: &Ctx<'_>, s: &SinkSpec, id: &str, job: &str) -> Result<PostgresTarget, JobError> {
+    let need = |o: &Option<Spanned<String>>, what: &str, example: &str| match o {
+        Some(v) if !v.get_ref().trim().is_empty() => Ok(v.get_ref().trim().to_string()),
+        _ => cx.err(s.id.span(), format!("postgres sink `{id}` needs `{what} = \"{example}\"`")),
+    };
+    let url = need(&s.url, "url", "host=127.0.0.1 port=5432 user=weir dbname=weir")?;
+    if let Err(e) = url.parse::<postgres::Config>() {
+        return cx.err(
+            s.url.as_ref().unwrap().span(),
+            format!("sink `{id}`: `url` is not a PostgreSQL connection string: {e}"),
+        );
+    }
+    let table = need(&s.table, "table", "public.counts")?;
+    let ident_ok = |n: &str| !n.is_empty() && n.len() <= 63 && !n.contains('\0');
+    if !table.split('.').all(ident_ok) || table.split('.').count() > 2 {
+        return cx
+            .err(s.table.as_ref().unwrap().span(), format!("sink `{id}`: `table` must be `table` or `schema.table`"));
+    }
+    let columns = s.columns.as_ref().map(|c| c.get_ref().clone()).unwrap_or_default();
+    let key = s.key.as_ref().map(|c| c.get_ref().clone()).unwrap_or_default();
+    for c in columns.iter().chain(&key) {
+        if !ident_ok(c) {
+            return cx.err(s.id.span(), format!("sink `{id}`: column name `{c}` must be 1 to 63 bytes"));
+        }
+    }
+    let format = match s.format.as_ref().map(|f| f.get_ref().as_str()) {
+        None | Some("json") => ValueFormat::Json,
+        Some("csv") => {
+            let delimiter = match s.delimiter.as_ref().map(|d| d.get_ref().as_bytes()) {
+                None => b',',
+                Some([d]) if *d != b'"' && *d != b'\n' => *d,
+                Some(_) => {
+                    return cx.err(
+                        s.delimiter.as_ref().unwrap().span(),
+                        format!("sink `{id}`: `delimiter` must be one ASCII character other than a quote or newline"),
+                    );
+                }
+            };
+            if columns.is_empty() {
+                return cx.err(
+                    s.id.span(),
+                    format!("postgres sink `{id}` with format = \"csv\" needs `columns = [...]` in field order"),
+                );
+            }
+            ValueFormat::Csv { delimiter }
+        }
+        Some(other) => {
+            return cx.err(
+                s.format.as_ref().unwrap().span(),
+                format!("sink `{id}`: unknown format `{other}` for a postgres sink; use `json` or `csv`"),
+            );
+        }
+    };
+    if let (ValueFormat::Json, Some(d)) = (format, &s.delimiter) {
+        return cx.err(d.span(), format!("sink `{id}`: `delimiter` is an option of format = \"csv\""));
+    }
+    let upsert_key = match s.mode.as_ref().map(|m| m.get_ref().as_str()) {
+        None | Some("append") if key.is_empty() => Vec::new(),
+        None | Some("append") => {
+            return cx.err(s.key.as_ref().unwrap().span(), format!("sink `{id}`: `key` needs mode = \"upsert\""));
+        }
+        Some("upsert") if key.is_empty() => {
+            return cx.err(s.id.span(), format!("sink `{id}`: mode = \"upsert\" needs `key = [\"<column>\", ...]`"));
+        }
+        Some("upsert") => key,
+        Some(other) => {
+            return cx.err(
+                s.mode.as_ref().unwrap().span(),
+                format!("sink `{id}`: unknown mode `{other}`; use `append` or `upsert`"),
+            );
+        }
+    };
+    if !columns.is_empty()
+        && let Some(k) = upsert_key.iter().find(|k| !columns.contains(k))
+    {
+        return cx.err(s.id.span(), format!("sink `{id}`: key column `{k}` is not among `columns`"));
+    }
+    let transaction_prefix = match &s.transaction_prefix {
+        None if format!("weir/{job}/{id}").len() > crate::connectors::postgres_sink::MAX_PREFIX => {
+            return cx.err(
+                s.id.span(),
+                format!("sink `{id}`: the job and sink names are too long for transaction ids; set a shorter `transaction_prefix`"),
+            );
+        }
+        None => format!("weir/{job}/{id}"),
+        Some(p) => {
+            let p2 = p.get_ref();
+            if p2.is_empty() || p2.len() > crate::connectors::postgres_sink::MAX_PREFIX || !p2.is_ascii() {
+                return cx.err(
+                    p.span(),
+                    format!(
+                        "sink `{id}`: `transaction_prefix` must be 1 to {} ASCII characters",
+                        crate::connectors::postgres_sink::MAX_PREFIX
+                    ),
+                );
+            }
+            p2.clone()
+        }
+    };
+    Ok(PostgresTarget { url, table, upsert_key, columns, format, transaction_prefix })
 }
 
 #[cfg(test)]

@@ -168,6 +168,27 @@ pub struct SinkSpec {
     /// Blackhole: measure each record's latency from its (ingestion) timestamp.
     #[serde(default)]
     pub latency: Option<Spanned<bool>>,
+    /// postgres: the libpq connection string.
+    #[serde(default)]
+    pub url: Option<Spanned<String>>,
+    /// postgres: the table (`schema.table` or `table`).
+    #[serde(default)]
+    pub table: Option<Spanned<String>>,
+    /// postgres: `append` (default) or `upsert`.
+    #[serde(default)]
+    pub mode: Option<Spanned<String>>,
+    /// postgres upsert: the key columns.
+    #[serde(default)]
+    pub key: Option<Spanned<Vec<String>>>,
+    /// postgres: the columns written (CSV: in field order).
+    #[serde(default)]
+    pub columns: Option<Spanned<Vec<String>>>,
+    /// postgres CSV: the field separator (one character, default `,`).
+    #[serde(default)]
+    pub delimiter: Option<Spanned<String>>,
+    /// postgres: prefix of the prepared transactions' ids (default `weir/<job>/<sink>`).
+    #[serde(default)]
+    pub transaction_prefix: Option<Spanned<String>>,
     /// Where records come from.
     #[serde(default)]
     pub inputs: Vec<InputSpec>,

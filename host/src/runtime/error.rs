@@ -26,6 +26,16 @@ pub enum TaskFailure {
         /// What failed.
         message: String,
     },
+    /// An external system (a database, a broker) could not be reached. The restart strategy
+    /// retries it like any failure, but an outage repeating the same message is not a
+    /// deterministic bug: it never stops the job as a repeated failure.
+    #[error("subtask {task}: {message}")]
+    Unavailable {
+        /// The subtask.
+        task: TaskId,
+        /// What could not be reached.
+        message: String,
+    },
     /// A host resource limit of the job was exceeded (not inside a guest call).
     #[error("subtask {task}: {message}")]
     Limit {
@@ -83,6 +93,11 @@ impl TaskFailure {
             _ => return None,
         };
         BY_MESSAGE.iter().find(|(m, _)| message.contains(m)).map(|(_, l)| *l)
+    }
+
+    /// An outage of an external system, not a fault of the job.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, TaskFailure::Unavailable { .. })
     }
 
     /// A consequence of another failure rather than a root cause.

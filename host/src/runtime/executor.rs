@@ -426,7 +426,7 @@ fn run_attempts(
                     return Err(RunError::Failed { job: g.name.clone(), attempts: failures, cause });
                 };
                 let started_from = restore.as_ref().map(|c| c.manifest.checkpoint_id);
-                if repeated.observe(started_from, &cause.to_string()) {
+                if !cause.is_transient() && repeated.observe(started_from, &cause.to_string()) {
                     let from = started_from.map_or("the beginning".to_string(), |c| format!("checkpoint {c}"));
                     return Err(RunError::Repeated {
                         job: g.name.clone(),
@@ -720,6 +720,29 @@ fn run_attempt(
                             )
                         }
                         SinkKind::Stdout { format } => SinkWriter::Stdout(*format),
+                        SinkKind::Postgres(target) => {
+                            let st = restored.as_ref().and_then(|st| st.sink.clone());
+                            let adopted = restored.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
+                            let opening = crate::connectors::postgres_sink::Opening {
+                                subtask: s,
+                                parallelism: n.parallelism,
+                                restored: st.as_ref(),
+                                adopted: &adopted,
+                                checkpoint_interval: g
+                                    .checkpoint
+                                    .as_ref()
+                                    .map(|c| Duration::from_millis(c.settings.interval_ms)),
+                            };
+                            match crate::connectors::postgres_sink::PostgresSink::open(target, opening) {
+                                Ok(sink) => SinkWriter::Postgres(Box::new(sink)),
+                                // Before the job starts: refused at once. At a restart: a
+                                // failed attempt, retried by the restart strategy.
+                                Err(e) if attempt == 0 => {
+                                    return Err(setup(format!("sink `{}` subtask {s}: {e}", n.id)));
+                                }
+                                Err(e) => return Ok(AttemptEnd::Failed(crate::runtime::sink::pg_failure(&id, e))),
+                            }
+                        }
                         SinkKind::Blackhole { latency } => {
                             SinkWriter::Blackhole(latency.then(|| LatencyRecorder::new(LATENCY_WARMUP_MS)))
                         }

@@ -1,6 +1,6 @@
 //! The sink subtask loop: write every record of every input; align barriers; pre-commit at
 //! each checkpoint and commit when it completes (two-phase commit, see
-//! `connectors/file_sink.rs`).
+//! `connectors/file_sink.rs`, `connectors/postgres_sink.rs`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::control::{Control, Timing};
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::connectors::file_sink::{FileSink, write_line};
+use crate::connectors::postgres_sink::{PgSinkError, PostgresSink};
 use crate::graph::logical::SinkFormat;
 use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::error::TaskFailure;
@@ -29,6 +30,8 @@ pub enum SinkWriter {
     Stdout(SinkFormat),
     /// Nowhere (counts only; with a recorder, also the records' latency).
     Blackhole(Option<LatencyRecorder>),
+    /// Rows of a PostgreSQL table, in prepared transactions.
+    Postgres(Box<PostgresSink>),
 }
 
 /// Everything a sink subtask needs.
@@ -55,19 +58,36 @@ fn io_failure(task: &TaskId, what: &str, e: std::io::Error) -> TaskFailure {
     TaskFailure::Connector { task: task.clone(), message: format!("{what} failed: {e}") }
 }
 
+/// A PostgreSQL sink's failure: an outage when the database could not be reached.
+pub fn pg_failure(task: &TaskId, e: PgSinkError) -> TaskFailure {
+    let message = format!("PostgreSQL sink: {e}");
+    if e.transient {
+        TaskFailure::Unavailable { task: task.clone(), message }
+    } else {
+        TaskFailure::Connector { task: task.clone(), message }
+    }
+}
+
 impl SinkTask {
     /// Pre-commits for checkpoint `id`; returns the state to checkpoint.
     fn precommit(writer: &mut SinkWriter, task: &TaskId, id: CheckpointId) -> Result<SubtaskState, TaskFailure> {
         let sink = match writer {
             SinkWriter::File(f) => Some(f.precommit(id).map_err(|e| io_failure(task, "pre-committing output", e))?),
+            SinkWriter::Postgres(p) => Some(p.precommit(id).map_err(|e| pg_failure(task, e))?),
             _ => None,
         };
         Ok(SubtaskState { sink, ..Default::default() })
     }
 
     fn commit(writer: &mut SinkWriter, task: &TaskId, id: CheckpointId) -> Result<(), TaskFailure> {
-        if let SinkWriter::File(f) = writer {
-            f.commit(id).map_err(|e| io_failure(task, "committing output", e))?;
+        match writer {
+            SinkWriter::File(f) => {
+                f.commit(id).map_err(|e| io_failure(task, "committing output", e))?;
+            }
+            SinkWriter::Postgres(p) => {
+                p.commit(id).map_err(|e| pg_failure(task, e))?;
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -81,6 +101,73 @@ impl SinkTask {
             p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
         }
         Ok(())
+    }
+
+    /// Handles a control message; returns whether it was `Stop` (stop with savepoint: the
+    /// savepoint's output is committed, its `Complete` came first; anything after its barrier
+    /// stays uncommitted).
+    fn on_control(
+        &mut self,
+        c: Control,
+        aligner: &mut Aligner,
+        align_started: &mut Option<Instant>,
+    ) -> Result<bool, TaskFailure> {
+        match c {
+            Control::Trigger(id) => {
+                if let Some(p) = self.checkpoints.as_mut() {
+                    p.on_trigger(id)
+                }
+            }
+            Control::Complete(id) => {
+                if let Some(p) = self.checkpoints.as_mut() {
+                    p.completed += 1
+                }
+                Self::commit(&mut self.writer, &self.id, id)?;
+            }
+            Control::Abort(id) => {
+                if aligner.on_cancel(id) {
+                    *align_started = None;
+                }
+                if let SinkWriter::Postgres(pg) = &mut self.writer {
+                    pg.abort(id).map_err(|e| pg_failure(&self.id, e))?;
+                }
+            }
+            Control::Stop => return Ok(true),
+            Control::Shutdown
+            | Control::SuspendAfter(_)
+            | Control::PrepareUpgrade { .. }
+            | Control::FullSnapshot(_)
+            | Control::UpgradeDecision { .. } => {}
+            Control::Query(q) => q.answer(Err("only operators keep state that can be queried".into())),
+        }
+        Ok(false)
+    }
+
+    /// A PostgreSQL sink whose rows wait behind a prepared transaction: handles control
+    /// messages until that transaction's checkpoint completes or aborts (the coordinator
+    /// decides either way; the sink has acknowledged it). Returns whether `Stop` arrived.
+    fn settle(&mut self, aligner: &mut Aligner, align_started: &mut Option<Instant>) -> Result<bool, TaskFailure> {
+        loop {
+            let SinkWriter::Postgres(pg) = &self.writer else { return Ok(false) };
+            let Some(control) = self.checkpoints.as_ref().map(|p| p.control.clone()) else { return Ok(false) };
+            if !pg.must_settle() {
+                return Ok(false);
+            }
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(TaskFailure::Cancelled { task: self.id.clone() });
+            }
+            match control.recv_timeout(Duration::from_millis(50)) {
+                Ok(c) => {
+                    if self.on_control(c, aligner, align_started)? {
+                        return Ok(true);
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(TaskFailure::Disconnected { task: self.id.clone() });
+                }
+            }
+        }
     }
 
     /// Runs the sink to the end of its inputs (and, with checkpointing, until the job's final
@@ -111,34 +198,12 @@ impl SinkTask {
                 Received::Idle => {}
                 Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
                 Received::AllDone => break,
-                Received::Control(c) => match c {
-                    Control::Trigger(id) => {
-                        if let Some(p) = self.checkpoints.as_mut() {
-                            p.on_trigger(id)
-                        }
+                Received::Control(c) => {
+                    if self.on_control(c, &mut aligner, &mut align_started)? {
+                        return Ok(());
                     }
-                    Control::Complete(id) => {
-                        if let Some(p) = self.checkpoints.as_mut() {
-                            p.completed += 1
-                        }
-                        Self::commit(&mut self.writer, &self.id, id)?;
-                    }
-                    Control::Abort(id) => {
-                        if aligner.on_cancel(id) {
-                            align_started = None;
-                        }
-                    }
-                    // Stop with savepoint: the savepoint's output is committed (its
-                    // `Complete` came first); anything after its barrier stays uncommitted.
-                    Control::Stop => return Ok(()),
-                    Control::Shutdown
-                    | Control::SuspendAfter(_)
-                    | Control::PrepareUpgrade { .. }
-                    | Control::FullSnapshot(_)
-                    | Control::UpgradeDecision { .. } => {}
-                    Control::Query(q) => q.answer(Err("only operators keep state that can be queried".into())),
-                },
-                Received::Message(_, Message::Data(batch)) => {
+                }
+                Received::Message(input, Message::Data(batch)) => {
                     self.counters.add_in(batch.len() as u64, batch.byte_len() as u64);
                     match &mut self.writer {
                         SinkWriter::File(f) => {
@@ -153,6 +218,14 @@ impl SinkTask {
                                     .map_err(|e| io_failure(&self.id, "writing output", e))?;
                             }
                             let _ = lock.flush();
+                        }
+                        SinkWriter::Postgres(p) => {
+                            let origin = self.inputs.origin(input);
+                            let name = |i: u32| {
+                                let rec = batch.iter().nth(i as usize).expect("an index of the batch");
+                                crate::runtime::failed_record::describe(i, &rec, origin)
+                            };
+                            p.write(&batch, name).map_err(|e| pg_failure(&self.id, e))?;
                         }
                         SinkWriter::Blackhole(None) => {}
                         SinkWriter::Blackhole(Some(l)) => l.record_batch(batch.iter().map(|r| r.timestamp)),
@@ -170,6 +243,9 @@ impl SinkTask {
                     if let Some((id, started)) =
                         participant::on_barrier(&mut aligner, &mut align_started, self.checkpoints.as_mut(), i, id)
                     {
+                        if self.settle(&mut aligner, &mut align_started)? {
+                            return Ok(());
+                        }
                         self.checkpoint(id, started)?;
                     }
                 }
@@ -177,14 +253,22 @@ impl SinkTask {
                     self.inputs.finish(i);
                     if let AlignOutcome::Aligned(id) = aligner.on_end_of_stream(i) {
                         let s = align_started.take();
+                        if self.settle(&mut aligner, &mut align_started)? {
+                            return Ok(());
+                        }
                         self.checkpoint(id, s)?;
                     }
                 }
             }
         }
+        if self.settle(&mut aligner, &mut align_started)? {
+            return Ok(());
+        }
         let Some(mut p) = self.checkpoints.take() else {
-            if let SinkWriter::File(f) = &mut self.writer {
-                f.commit_at_end().map_err(|e| io_failure(&self.id, "committing output", e))?;
+            match &mut self.writer {
+                SinkWriter::File(f) => f.commit_at_end().map_err(|e| io_failure(&self.id, "committing output", e))?,
+                SinkWriter::Postgres(pg) => pg.commit_at_end().map_err(|e| pg_failure(&self.id, e))?,
+                _ => {}
             }
             return Ok(());
         };
