@@ -56,6 +56,30 @@ pub struct PgServer {
 impl PgServer {
     /// A fresh cluster, running (`settings`: extra `-c name=value` pairs).
     pub fn start(settings: &[&str]) -> PgServer {
+        let mut s = Self::init();
+        s.run(settings);
+        s
+    }
+
+    /// A fresh cluster that accepts only TLS connections, with this certificate and key.
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> PgServer {
+        let mut s = Self::init();
+        let data = s.dir.path().join("data");
+        for (name, text) in [("server.crt", cert_pem), ("server.key", key_pem)] {
+            let p = data.join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            if let Some((uid, gid)) = s.user {
+                std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        // TCP only over TLS (the local socket stays open for nobody but the tests' own checks).
+        std::fs::write(data.join("pg_hba.conf"), "local all all trust\nhostssl all all 127.0.0.1/32 trust\n").unwrap();
+        s.run(&["ssl=on"]);
+        s
+    }
+
+    fn init() -> PgServer {
         let bin = bin_dir();
         let dir = tempfile::Builder::new().prefix("weir-pg").tempdir_in("/tmp").unwrap();
         let user = server_user();
@@ -75,9 +99,7 @@ impl PgServer {
         ]);
         let out = as_user(&mut initdb, user).output().expect("running initdb");
         assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
-        let mut s = PgServer { dir, port: free_port(), child: None, user };
-        s.run(settings);
-        s
+        PgServer { dir, port: free_port(), child: None, user }
     }
 
     fn run(&mut self, settings: &[&str]) {
@@ -120,8 +142,10 @@ impl PgServer {
         format!("host=127.0.0.1 port={} user=postgres dbname=postgres", self.port)
     }
 
+    /// Over the local socket, which every server here accepts without TLS.
     fn try_client(&self) -> Result<postgres::Client, postgres::Error> {
-        postgres::Client::connect(&self.url(), postgres::NoTls)
+        let url = format!("host={} port={} user=postgres dbname=postgres", self.dir.path().display(), self.port);
+        postgres::Client::connect(&url, postgres::NoTls)
     }
 
     /// A client.

@@ -31,8 +31,13 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use postgres::Client;
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::checkpoint::snapshot::SinkState;
 use crate::graph::logical::{PostgresTarget, ValueFormat};
@@ -247,8 +252,8 @@ impl PostgresSink {
         let mut config = postgres::Config::from_str(&target.url)
             .map_err(|e| PgSinkError::new(format!("`url` is not a PostgreSQL connection string: {e}")))?;
         config.connect_timeout(Duration::from_secs(10)).application_name("weir");
-        let client = config.connect(NoTls).map_err(|e| PgSinkError {
-            message: format!("cannot connect to {where_}: {e}; check `url` and that the server is running"),
+        let client = config.connect(tls(target.ca_cert.as_deref())?).map_err(|e| PgSinkError {
+            message: format!("cannot connect to {where_}: {}; check `url` and that the server is running", chain(&e)),
             transient: is_outage(&e),
         })?;
         let mut sink = PostgresSink {
@@ -551,6 +556,35 @@ impl PostgresSink {
     }
 }
 
+/// TLS for `sslmode=prefer` (the default: TLS when the server offers it) or `require`: the
+/// server's certificate verified against the CA in `ca` (PEM), else the public web roots.
+fn tls(ca: Option<&std::path::Path>) -> Result<MakeRustlsConnect> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let bad = |e: String| PgSinkError::new(format!("`ca_cert` {}: {e}", path.display()));
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| bad(e.to_string()))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| bad(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(bad("no CERTIFICATE in the file".into()));
+            }
+            for c in certs {
+                roots.add(c).map_err(|e| bad(e.to_string()))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| PgSinkError::new(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}
+
 /// The server's message, its detail and hint.
 fn db_message(e: &postgres::Error) -> String {
     match e.as_db_error() {
@@ -564,8 +598,22 @@ fn db_message(e: &postgres::Error) -> String {
             }
             m
         }
-        None => e.to_string(),
+        None => chain(e),
     }
+}
+
+/// `e` and its causes, `: `-separated (a TLS failure says why the certificate was refused).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text += &format!(": {more}");
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// A PostgreSQL duration setting (`0`, `500ms`, `10s`, `5min`, `1h`, `2d`, bare ms) in ms.
@@ -597,6 +645,7 @@ mod tests {
             columns: vec![],
             format: ValueFormat::Json,
             transaction_prefix: "weir/j/db".into(),
+            ca_cert: None,
         }
     }
 

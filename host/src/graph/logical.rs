@@ -250,6 +250,8 @@ pub struct PostgresTarget {
     pub format: ValueFormat,
     /// Prepared transactions are named `<prefix>/<subtask>/<checkpoint>`.
     pub transaction_prefix: String,
+    /// PEM file of the CA to trust for TLS (`sslmode=require` in `url`); else the web roots.
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// How a connector reads a record's value as columns.

@@ -669,6 +669,7 @@ fn postgres_only(s: &SinkSpec) -> Option<(&'static str, Range<usize>)> {
         ("columns", list(&s.columns)),
         ("delimiter", text(&s.delimiter)),
         ("transaction_prefix", text(&s.transaction_prefix)),
+        ("ca_cert", text(&s.ca_cert)),
     ]
     .into_iter()
     .find_map(|(n, span)| span.map(|sp| (n, sp)))
@@ -775,7 +776,8 @@ fn postgres_target(cx: &Ctx<'_>, s: &SinkSpec, id: &str, job: &str) -> Result<Po
             p2.clone()
         }
     };
-    Ok(PostgresTarget { url, table, upsert_key, columns, format, transaction_prefix })
+    let ca_cert = s.ca_cert.as_ref().map(|c| cx.path(c.get_ref()));
+    Ok(PostgresTarget { url, table, upsert_key, columns, format, transaction_prefix, ca_cert })
 }
 
 #[cfg(test)]

@@ -189,6 +189,9 @@ pub struct SinkSpec {
     /// postgres: prefix of the prepared transactions' ids (default `weir/<job>/<sink>`).
     #[serde(default)]
     pub transaction_prefix: Option<Spanned<String>>,
+    /// postgres: PEM file of the CA that signed the server's certificate (TLS).
+    #[serde(default)]
+    pub ca_cert: Option<Spanned<String>>,
     /// Where records come from.
     #[serde(default)]
     pub inputs: Vec<InputSpec>,
