@@ -294,3 +294,41 @@ fn connector_postgres_sinks_are_refused_by_a_shared_server() {
     assert_eq!(s, 400, "{v}");
     assert!(v.contains("sink `db`") && v.contains("does not open network connections"), "{v}");
 }
+
+/// `examples/postgres-sink/run.sh` starts its own PostgreSQL, runs the word count into a
+/// table with the real `weir` binary and checks the table against `expected/`.
+#[test]
+fn connector_postgres_example_script_checks_its_table() {
+    crate::support::guests();
+    let out = std::process::Command::new("bash")
+        .arg(crate::support::root().join("examples/postgres-sink/run.sh"))
+        .env("WEIR_BIN", env!("CARGO_BIN_EXE_weir"))
+        .output()
+        .unwrap();
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "examples/postgres-sink/run.sh failed:\n{text}");
+    assert!(text.contains("the table holds each word's final count (231 words)"), "{text}");
+}
+
+/// A server that takes only TLS: the sink verifies its certificate against `ca_cert`; without
+/// it (the public web roots) or without TLS it is refused, naming the reason.
+#[test]
+fn connector_postgres_sink_speaks_tls_verified_against_its_ca() {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let pg = PgServer::start_tls(&cert.cert.pem(), &cert.signing_key.serialize_pem());
+    pg.exec("CREATE TABLE secure (k int NOT NULL, seq bigint NOT NULL)");
+    let d = scratch();
+    std::fs::write(d.path().join("ca.pem"), cert.cert.pem()).unwrap();
+    let none = "strategy = \"none\"";
+    let job = |url: &str, extra: &str| {
+        oracle_job("pg-tls", url, "secure", 400, 100_000, &format!("{extra}\n{CSV_APPEND}"), none)
+    };
+    let tls_url = format!("{} sslmode=require", pg.url());
+    run(d.path(), &job(&tls_url, "ca_cert = \"ca.pem\""), None).expect("the job runs over TLS");
+    assert_eq!(rows(&mut pg.client(), "secure").unwrap(), golden(400));
+
+    let e = run(d.path(), &job(&tls_url, ""), None).unwrap_err();
+    assert!(e.contains("cannot connect to database `postgres`") && e.contains("certificate"), "{e}");
+    let e = run(d.path(), &job(&pg.url().replace("dbname", "sslmode=disable dbname"), ""), None).unwrap_err();
+    assert!(e.contains("cannot connect") && e.contains("no encryption"), "{e}");
+}
