@@ -51,6 +51,7 @@ mod context;
 #[doc(hidden)]
 pub mod driver;
 mod error;
+pub mod format;
 mod hash;
 mod info;
 mod operator;
