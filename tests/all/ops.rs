@@ -521,21 +521,7 @@ fn ops_api_over_tls_serves_the_cli_and_refuses_plain_or_untrusted_clients() {
         String::from_utf8(out.stdout).unwrap()
     };
 
-    crate::support::guests();
-    let job = crate::support::root().join("examples/wordcount/job.toml");
-    let id = cli(&["submit", job.to_str().unwrap()]).trim().to_string();
-    assert!(id.starts_with("wordcount-"), "{id}");
-    let t0 = Instant::now();
-    while !cli(&["status", &id]).contains("\"state\": \"FINISHED\"") {
-        assert!(t0.elapsed() < Duration::from_secs(120), "the job did not finish: {}", cli(&["status", &id]));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(cli(&["list"]).contains(&id));
-    let expected =
-        std::fs::read_to_string(crate::support::root().join("examples/wordcount/expected/counts.txt")).unwrap();
-    let mut expected: Vec<String> = expected.lines().map(str::to_string).collect();
-    expected.sort();
-    assert_eq!(crate::support::committed_lines(&d.path().join("data/tls/files/out")), expected);
+    let id = crate::sandbox::wordcount_through_the_cli(&cli, &d.path().join("data/tls/files/out"));
 
     // The library client too, and the token still matters over TLS.
     let client = weir::api::client::Client::with_ca(&url, token, &ca).unwrap();

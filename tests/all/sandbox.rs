@@ -933,13 +933,21 @@ fn sandbox_weir_serve_and_submit_run_a_tenants_job_from_the_cli() {
         assert!(out.status.success(), "weir {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     };
+    wordcount_through_the_cli(&cli, &d.path().join("data/cli/files/out"));
+    drop(serve);
+}
+
+/// Submits the wordcount example with `cli` (a `weir --server ...` that returns stdout),
+/// follows it to the end, finds it in the list, and checks its committed output in `out`
+/// (the tenant's `files/out`); the job's id.
+pub(crate) fn wordcount_through_the_cli(cli: &dyn Fn(&[&str]) -> String, out: &Path) -> String {
     crate::support::guests();
     let job = crate::support::root().join("examples/wordcount/job.toml");
     let id = cli(&["submit", job.to_str().unwrap()]).trim().to_string();
     assert!(id.starts_with("wordcount-"), "{id}");
     let t0 = Instant::now();
     while !cli(&["status", &id]).contains("\"state\": \"FINISHED\"") {
-        assert!(t0.elapsed() < Duration::from_secs(60), "the job did not finish: {}", cli(&["status", &id]));
+        assert!(t0.elapsed() < Duration::from_secs(120), "the job did not finish: {}", cli(&["status", &id]));
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(cli(&["list"]).contains(&id));
@@ -947,8 +955,8 @@ fn sandbox_weir_serve_and_submit_run_a_tenants_job_from_the_cli() {
         std::fs::read_to_string(crate::support::root().join("examples/wordcount/expected/counts.txt")).unwrap();
     let mut expected: Vec<String> = expected.lines().map(str::to_string).collect();
     expected.sort();
-    assert_eq!(committed_lines(&d.path().join("data/cli/files/out")), expected);
-    drop(serve);
+    assert_eq!(committed_lines(out), expected);
+    id
 }
 
 #[test]
