@@ -158,52 +158,122 @@ impl Statements {
 }
 
 /// Appends record `rec`'s value to the JSON array being built in `out` (without brackets).
-pub fn append_row(out: &mut String, format: &ValueFormat, columns: &[String], rec: &RecordRef<'_>) -> Result<()> {
+/// `keys` are the columns as JSON strings (quoted and escaped), for CSV values.
+pub fn append_row(out: &mut String, format: &ValueFormat, keys: &[String], rec: &RecordRef<'_>) -> Result<()> {
     if !out.is_empty() {
         out.push(',');
     }
+    let text = std::str::from_utf8(rec.value).map_err(|e| PgSinkError::new(format!("the value is not UTF-8 ({e})")))?;
     match format {
         ValueFormat::Json => {
-            let v: serde_json::Value = serde_json::from_slice(rec.value)
+            serde_json::from_str::<serde::de::IgnoredAny>(text)
                 .map_err(|e| PgSinkError::new(format!("the value is not JSON ({e})")))?;
-            if !v.is_object() {
+            if !text.trim_start().starts_with('{') {
                 return Err(PgSinkError::new("the value is JSON but not an object of column values"));
             }
-            out.push_str(&v.to_string());
+            out.push_str(text);
         }
-        ValueFormat::Csv { delimiter } => {
-            let mut reader = csv::ReaderBuilder::new()
-                .has_headers(false)
-                .delimiter(*delimiter)
-                .flexible(true)
-                .from_reader(rec.value);
-            let mut fields = csv::StringRecord::new();
-            match reader.read_record(&mut fields) {
-                Ok(true) => {}
-                Ok(false) => return Err(PgSinkError::new("the value is empty, not a CSV line")),
-                Err(e) => return Err(PgSinkError::new(format!("the value is not a CSV line ({e})"))),
-            }
-            if fields.len() != columns.len() {
-                return Err(PgSinkError::new(format!(
-                    "the CSV line has {} field(s) for {} column(s) ({})",
-                    fields.len(),
-                    columns.len(),
-                    columns.join(", ")
-                )));
-            }
-            // An empty field is NULL, as in PostgreSQL's own CSV format.
-            let obj: serde_json::Map<String, serde_json::Value> = columns
-                .iter()
-                .zip(fields.iter())
-                .map(|(c, f)| {
-                    let v = if f.is_empty() { serde_json::Value::Null } else { f.into() };
-                    (c.clone(), v)
-                })
-                .collect();
-            out.push_str(&serde_json::Value::Object(obj).to_string());
-        }
+        ValueFormat::Csv { delimiter } => csv_object(out, text, *delimiter, keys)?,
     }
     Ok(())
+}
+
+/// One CSV line as a JSON object of `keys`: fields separated by `delimiter`, a field in double
+/// quotes may hold the delimiter and `""` (a quote); an empty unquoted field is NULL (as in
+/// PostgreSQL's own CSV format), a quoted one the empty string.
+fn csv_object(out: &mut String, line: &str, delimiter: u8, keys: &[String]) -> Result<()> {
+    let b = line.as_bytes();
+    let mut i = 0;
+    let mut n = 0;
+    out.push('{');
+    loop {
+        if n == keys.len() {
+            return Err(too_many_fields(line, delimiter, keys));
+        }
+        if n > 0 {
+            out.push(',');
+        }
+        out.push_str(&keys[n]);
+        out.push(':');
+        if b.get(i) == Some(&b'"') {
+            let mut field = String::new();
+            let mut j = i + 1;
+            loop {
+                match b.get(j) {
+                    None => return Err(PgSinkError::new(format!("CSV field {} has no closing quote", n + 1))),
+                    Some(b'"') if b.get(j + 1) == Some(&b'"') => {
+                        field.push('"');
+                        j += 2;
+                    }
+                    Some(b'"') => break,
+                    Some(_) => {
+                        let next = b[j + 1..].iter().position(|&c| c == b'"').map_or(b.len(), |p| j + 1 + p);
+                        field.push_str(&line[j..next]);
+                        j = next;
+                    }
+                }
+            }
+            json_string(out, &field);
+            i = j + 1;
+            if i < b.len() && b[i] != delimiter {
+                return Err(PgSinkError::new(format!("CSV field {} has text after its closing quote", n + 1)));
+            }
+        } else {
+            let end = b[i..].iter().position(|&c| c == delimiter).map_or(b.len(), |p| i + p);
+            let field = line[i..end].trim_end_matches(['\r', '\n']);
+            if field.is_empty() {
+                out.push_str("null");
+            } else {
+                json_string(out, field);
+            }
+            i = end;
+        }
+        n += 1;
+        if i >= b.len() {
+            break;
+        }
+        i += 1; // the delimiter
+        if i == b.len() {
+            // A trailing delimiter: one more, empty field.
+            if n == keys.len() {
+                return Err(too_many_fields(line, delimiter, keys));
+            }
+            out.push(',');
+            out.push_str(&keys[n]);
+            out.push_str(":null");
+            n += 1;
+            break;
+        }
+    }
+    if n != keys.len() {
+        return Err(PgSinkError::new(format!("the CSV line has {n} field(s) for {} column(s)", keys.len())));
+    }
+    out.push('}');
+    Ok(())
+}
+
+fn too_many_fields(line: &str, delimiter: u8, keys: &[String]) -> PgSinkError {
+    let fields = line.split(delimiter as char).count();
+    PgSinkError::new(format!("the CSV line has {fields} field(s) or more for {} column(s)", keys.len()))
+}
+
+/// `s` as a JSON string literal.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// The columns as JSON object keys.
+pub fn json_keys(columns: &[String]) -> Vec<String> {
+    columns.iter().map(|c| serde_json::Value::from(c.as_str()).to_string()).collect()
 }
 
 /// What opening a sink subtask needs besides its target.
@@ -226,7 +296,11 @@ pub struct PostgresSink {
     client: Client,
     target: PostgresTarget,
     columns: Vec<String>,
+    /// The columns as JSON object keys (CSV values become objects of them).
+    keys: Vec<String>,
     statements: Statements,
+    /// The insert, prepared once per connection.
+    insert_stmt: Option<postgres::Statement>,
     subtask: u32,
     in_transaction: bool,
     /// Prepared transactions not known committed: (checkpoint, 0), as [`SinkState`] has them.
@@ -260,7 +334,9 @@ impl PostgresSink {
             client,
             target: target.clone(),
             columns: Vec::new(),
+            keys: Vec::new(),
             statements: Statements { insert: String::new() },
+            insert_stmt: None,
             subtask: o.subtask,
             in_transaction: false,
             pending: Vec::new(),
@@ -273,6 +349,9 @@ impl PostgresSink {
         sink.check_server(o.checkpoint_interval)?;
         sink.columns = sink.check_table()?;
         sink.statements = Statements::new(&sink.target, &sink.columns);
+        sink.keys = json_keys(&sink.columns);
+        let stmt = sink.client.prepare(&sink.statements.insert).map_err(sink.db("preparing the insert"))?;
+        sink.insert_stmt = Some(stmt);
         sink.recover(&o)?;
         Ok(sink)
     }
@@ -432,7 +511,7 @@ impl PostgresSink {
     pub fn write(&mut self, batch: &Batch, describe: impl Fn(u32) -> String) -> Result<()> {
         let mut rows = String::new();
         for (i, rec) in batch.iter().enumerate() {
-            append_row(&mut rows, &self.target.format, &self.columns, &rec)
+            append_row(&mut rows, &self.target.format, &self.keys, &rec)
                 .map_err(|e| PgSinkError::new(format!("{}: {e}", describe(i as u32))))?;
         }
         if rows.is_empty() {
@@ -453,7 +532,8 @@ impl PostgresSink {
             self.in_transaction = true;
         }
         let table = self.target.table.clone();
-        self.client.execute(&self.statements.insert, &[&array]).map_err(self.db(&format!("writing into `{table}`")))?;
+        let stmt = self.insert_stmt.as_ref().expect("prepared at open");
+        self.client.execute(stmt, &[&array]).map_err(self.db(&format!("writing into `{table}`")))?;
         self.current_rows.push(array);
         Ok(())
     }
@@ -669,19 +749,32 @@ mod tests {
     #[test]
     fn rows_from_json_and_csv_values() {
         let rec = |v: &'static [u8]| RecordRef { tag: 0, timestamp: 0, key: b"k", value: v };
-        let cols = vec!["a".to_string(), "b".to_string()];
+        let cols = json_keys(&["a".to_string(), "b\"".to_string()]);
         let mut out = String::new();
         append_row(&mut out, &ValueFormat::Json, &cols, &rec(br#"{"a": 1, "b": "x"}"#)).unwrap();
-        append_row(&mut out, &ValueFormat::Csv { delimiter: b' ' }, &cols, &rec(b"7 \"y z\"")).unwrap();
+        append_row(&mut out, &ValueFormat::Csv { delimiter: b' ' }, &cols, &rec(b"7 \"y \"\"z\"\"\"")).unwrap();
         append_row(&mut out, &ValueFormat::Csv { delimiter: b',' }, &cols, &rec(b"8,")).unwrap();
-        assert_eq!(out, r#"{"a":1,"b":"x"},{"a":"7","b":"y z"},{"a":"8","b":null}"#);
+        append_row(&mut out, &ValueFormat::Csv { delimiter: b',' }, &cols, &rec(b"\"\",a\\b\t")).unwrap();
+        assert_eq!(
+            out,
+            r#"{"a": 1, "b": "x"},{"a":"7","b\"":"y \"z\""},{"a":"8","b\"":null},{"a":"","b\"":"a\\b\u0009"}"#
+        );
+        // Whatever the CSV, the object is valid JSON.
+        let parsed: serde_json::Value = serde_json::from_str(&format!("[{out}]")).unwrap();
+        assert_eq!(parsed[1]["b\""], "y \"z\"");
         let e = append_row(&mut String::new(), &ValueFormat::Json, &cols, &rec(b"[1]")).unwrap_err();
         assert!(e.message.contains("not an object"), "{e}");
         let e = append_row(&mut String::new(), &ValueFormat::Json, &cols, &rec(b"{nope")).unwrap_err();
         assert!(e.message.contains("not JSON"), "{e}");
-        let e =
-            append_row(&mut String::new(), &ValueFormat::Csv { delimiter: b',' }, &cols, &rec(b"1,2,3")).unwrap_err();
-        assert!(e.message.contains("3 field(s) for 2 column(s) (a, b)"), "{e}");
+        let csv = ValueFormat::Csv { delimiter: b',' };
+        let e = append_row(&mut String::new(), &csv, &cols, &rec(b"1,2,3")).unwrap_err();
+        assert!(e.message.contains("3 field(s) or more for 2 column(s)"), "{e}");
+        let e = append_row(&mut String::new(), &csv, &cols, &rec(b"1")).unwrap_err();
+        assert!(e.message.contains("1 field(s) for 2 column(s)"), "{e}");
+        let e = append_row(&mut String::new(), &csv, &cols, &rec(b"\"1,2")).unwrap_err();
+        assert!(e.message.contains("field 1 has no closing quote"), "{e}");
+        let e = append_row(&mut String::new(), &csv, &cols, &rec(b"\xff,2")).unwrap_err();
+        assert!(e.message.contains("not UTF-8"), "{e}");
     }
 
     #[test]
