@@ -57,7 +57,7 @@ impl PgServer {
     /// A fresh cluster, running (`settings`: extra `-c name=value` pairs).
     pub fn start(settings: &[&str]) -> PgServer {
         let mut s = Self::init();
-        s.run(settings);
+        s.run(settings, true);
         s
     }
 
@@ -75,7 +75,7 @@ impl PgServer {
         }
         // TCP only over TLS (the local socket stays open for nobody but the tests' own checks).
         std::fs::write(data.join("pg_hba.conf"), "local all all trust\nhostssl all all 127.0.0.1/32 trust\n").unwrap();
-        s.run(&["ssl=on"]);
+        s.run(&["ssl=on"], true);
         s
     }
 
@@ -102,7 +102,22 @@ impl PgServer {
         PgServer { dir, port: free_port(), child: None, user }
     }
 
-    fn run(&mut self, settings: &[&str]) {
+    /// Starts the server; when `may_move`, on another free port if its port was taken meanwhile
+    /// (the port is picked before the server binds it).
+    fn run(&mut self, settings: &[&str], may_move: bool) {
+        for _ in 0..5 {
+            if self.spawn(settings) {
+                return;
+            }
+            let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+            assert!(may_move, "PostgreSQL exited at start: {log}");
+            self.port = free_port();
+        }
+        panic!("PostgreSQL did not start on any of 5 free ports");
+    }
+
+    /// Starts the server on its port; false if it exited before accepting connections.
+    fn spawn(&mut self, settings: &[&str]) -> bool {
         let mut cmd = Command::new(bin_dir().join("postgres"));
         cmd.arg("-D").arg(self.dir.path().join("data")).args([
             "-c",
@@ -125,9 +140,12 @@ impl PgServer {
             cmd.args(["-c", s]);
         }
         cmd.stdout(Stdio::null()).stderr(std::fs::File::create(self.dir.path().join("server.log")).unwrap());
-        self.child = Some(as_user(&mut cmd, self.user).spawn().expect("starting postgres"));
+        let mut child = as_user(&mut cmd, self.user).spawn().expect("starting postgres");
         let t0 = Instant::now();
         while self.try_client().is_err() {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
             assert!(
                 t0.elapsed() < Duration::from_secs(120),
                 "PostgreSQL did not accept connections: {}",
@@ -135,6 +153,8 @@ impl PgServer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.child = Some(child);
+        true
     }
 
     /// A libpq connection string to database `postgres`.
@@ -171,7 +191,8 @@ impl PgServer {
     /// Starts the server again on the same data and port.
     pub fn restart(&mut self, settings: &[&str]) {
         self.crash();
-        self.run(settings);
+        // The same port: jobs name it in their `url`.
+        self.run(settings, false);
     }
 }
 
