@@ -28,6 +28,7 @@ pub mod job;
 pub mod keygroup;
 pub mod logging;
 pub mod operator;
+pub mod pem;
 pub mod record;
 pub mod runtime;
 pub mod sandbox;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
 /// How long one call may take in all (a savepoint of a large job waits for it).
 const CALL_TIMEOUT: Duration = Duration::from_secs(180);
@@ -44,18 +44,11 @@ impl Client {
     /// A client that trusts only the certificates in the PEM file `ca` (a private CA, or the
     /// server's self-signed certificate).
     pub fn with_ca(url: &str, token: &str, ca: &Path) -> Result<Self, ClientError> {
-        let pem = std::fs::read(ca).map_err(|e| ClientError(format!("cannot read --ca-cert {}: {e}", ca.display())))?;
-        let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(PemItem::Certificate(c)) => Some(Ok(c)),
-                Ok(_) => None,
-                Err(e) => Some(Err(e)),
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| ClientError(format!("--ca-cert {}: {e}", ca.display())))?;
-        if certs.is_empty() {
-            return Err(ClientError(format!("--ca-cert {}: no CERTIFICATE in the file", ca.display())));
-        }
+        let certs: Vec<Certificate<'static>> = crate::pem::certificates(ca)
+            .map_err(|e| ClientError(format!("--ca-cert {}: {e}", ca.display())))?
+            .iter()
+            .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+            .collect();
         Ok(Self::build(url, token, Some(RootCerts::Specific(Arc::new(certs)))))
     }
 

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
 /// `[tls]`: where the certificate chain and its key are.
@@ -47,23 +47,14 @@ pub enum TlsError {
     },
 }
 
-/// The certificates in the PEM file `path`, at least one.
-pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bad = |message: String| TlsError::File { what: "cert", path: path.to_path_buf(), message };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(bad("no CERTIFICATE block in the file".into()));
-    }
-    Ok(certs)
-}
-
 impl TlsFiles {
     /// The rustls server configuration for these files (HTTP/1.1 by ALPN).
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-        let certs = certificates(&self.cert)?;
+        let certs = crate::pem::certificates(&self.cert).map_err(|message| TlsError::File {
+            what: "cert",
+            path: self.cert.clone(),
+            message,
+        })?;
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| TlsError::File {
             what: "key",
             path: self.key.clone(),

@@ -35,8 +35,6 @@ use std::sync::Arc;
 
 use postgres::Client;
 use postgres::error::SqlState;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::checkpoint::snapshot::SinkState;
@@ -295,10 +293,8 @@ pub struct Opening<'a> {
 pub struct PostgresSink {
     client: Client,
     target: PostgresTarget,
-    columns: Vec<String>,
-    /// The columns as JSON object keys (CSV values become objects of them).
+    /// The columns written, as JSON object keys (CSV values become objects of them).
     keys: Vec<String>,
-    statements: Statements,
     /// The insert, prepared once per connection.
     insert_stmt: Option<postgres::Statement>,
     subtask: u32,
@@ -333,9 +329,7 @@ impl PostgresSink {
         let mut sink = PostgresSink {
             client,
             target: target.clone(),
-            columns: Vec::new(),
             keys: Vec::new(),
-            statements: Statements { insert: String::new() },
             insert_stmt: None,
             subtask: o.subtask,
             in_transaction: false,
@@ -347,10 +341,10 @@ impl PostgresSink {
             where_,
         };
         sink.check_server(o.checkpoint_interval)?;
-        sink.columns = sink.check_table()?;
-        sink.statements = Statements::new(&sink.target, &sink.columns);
-        sink.keys = json_keys(&sink.columns);
-        let stmt = sink.client.prepare(&sink.statements.insert).map_err(sink.db("preparing the insert"))?;
+        let columns = sink.check_table()?;
+        sink.keys = json_keys(&columns);
+        let insert = Statements::new(&sink.target, &columns).insert;
+        let stmt = sink.client.prepare(&insert).map_err(sink.db("preparing the insert"))?;
         sink.insert_stmt = Some(stmt);
         sink.recover(&o)?;
         Ok(sink)
@@ -643,14 +637,7 @@ fn tls(ca: Option<&std::path::Path>) -> Result<MakeRustlsConnect> {
     match ca {
         Some(path) => {
             let bad = |e: String| PgSinkError::new(format!("`ca_cert` {}: {e}", path.display()));
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| bad(e.to_string()))?
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| bad(e.to_string()))?;
-            if certs.is_empty() {
-                return Err(bad("no CERTIFICATE in the file".into()));
-            }
-            for c in certs {
+            for c in crate::pem::certificates(path).map_err(bad)? {
                 roots.add(c).map_err(|e| bad(e.to_string()))?;
             }
         }
