@@ -299,15 +299,8 @@ fn connector_postgres_sinks_are_refused_by_a_shared_server() {
 /// table with the real `weir` binary and checks the table against `expected/`.
 #[test]
 fn connector_postgres_example_script_checks_its_table() {
-    crate::support::guests();
-    let out = std::process::Command::new("bash")
-        .arg(crate::support::root().join("examples/postgres-sink/run.sh"))
-        .env("WEIR_BIN", env!("CARGO_BIN_EXE_weir"))
-        .output()
-        .unwrap();
-    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "examples/postgres-sink/run.sh failed:\n{text}");
-    assert!(text.contains("the table holds each word's final count (231 words)"), "{text}");
+    let out = crate::support::example_script("examples/postgres-sink/run.sh");
+    assert!(out.contains("the table holds each word's final count (231 words)"), "{out}");
 }
 
 /// A server that takes only TLS: the sink verifies its certificate against `ca_cert`; without

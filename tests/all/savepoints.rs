@@ -384,19 +384,8 @@ fn savepoint_without_checkpointing_is_refused_clearly() {
 
 #[test]
 fn upgrade_example_script_runs_the_whole_story() {
-    crate::support::guests();
-    let out = std::process::Command::new("bash")
-        .arg(crate::support::root().join("examples/upgrade/run.sh"))
-        .env("WEIR_BIN", env!("CARGO_BIN_EXE_weir"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "examples/upgrade/run.sh failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no record lost or counted twice"));
+    let out = crate::support::example_script("examples/upgrade/run.sh");
+    assert!(out.contains("no record lost or counted twice"), "{out}");
 }
 
 #[test]

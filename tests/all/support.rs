@@ -193,3 +193,14 @@ pub fn chromium() -> PathBuf {
     })
     .clone()
 }
+
+/// Runs an example's `run.sh` (relative to the repository) with this build's `weir`, the guest
+/// components built; fails the test unless it exits 0. Its stdout.
+pub fn example_script(script: &str) -> String {
+    guests();
+    let out =
+        Command::new("bash").arg(root().join(script)).env("WEIR_BIN", env!("CARGO_BIN_EXE_weir")).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
