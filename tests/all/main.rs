@@ -9,6 +9,8 @@ mod cycles;
 mod errors;
 mod exactly_once;
 mod examples;
+mod kafka;
+mod kafka_jobs;
 mod lang;
 mod newcomer;
 mod ops;

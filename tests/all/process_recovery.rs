@@ -112,7 +112,7 @@ inputs = [{{ from = "count" }}]
     p
 }
 
-fn spawn(job: &Path, restore: bool) -> Child {
+pub(crate) fn spawn(job: &Path, restore: bool) -> Child {
     let mut c = weir();
     c.args(["run", "--progress", "0", "--quiet-guests"]).arg(job);
     if restore {
@@ -123,7 +123,7 @@ fn spawn(job: &Path, restore: bool) -> Child {
 
 /// Waits until the job has a complete checkpoint newer than `after`, then a random extra
 /// delay, then SIGKILLs it. Returns false if the process ended by itself first.
-fn kill_after_checkpoint(child: &mut Child, store: &CheckpointStore, after: u64, extra_ms: u64) -> bool {
+pub(crate) fn kill_after_checkpoint(child: &mut Child, store: &CheckpointStore, after: u64, extra_ms: u64) -> bool {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if child.try_wait().unwrap().is_some() {

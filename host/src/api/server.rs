@@ -621,6 +621,13 @@ fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
                     n.id
                 ));
             }
+            NodeKind::Source(SourceKind::Kafka(_)) | NodeKind::Sink(SinkKind::Kafka(_)) => {
+                return Err(format!(
+                    "`{}`: a shared server does not open network connections for tenants' jobs yet \
+                     (their destinations are not confined); run Kafka sources and sinks with `weir run`",
+                    n.id
+                ));
+            }
             NodeKind::Operator(op) => {
                 if !confined(&root.join("components"), &op.component) {
                     return Err(format!("operator `{}`: its component is not one you uploaded", n.id));

@@ -5,18 +5,20 @@
 //! in the checkpoint lands on exactly the subtask that owns it at the new parallelism;
 //! non-keyed operator state moves as the restoring component declares it (`split`: every
 //! element to exactly one new subtask; `union`: every element to every new subtask; `none`:
-//! only at the same parallelism); a file sink's pending transactions of a subtask that no
-//! longer exists are adopted by subtask 0, which commits them; sources keep their
-//! parallelism (their positions are per subtask); a refusal names the node and what to do.
+//! only at the same parallelism); a sink's pending transactions of a subtask that no
+//! longer exists are adopted by subtask 0, which commits them; a Kafka source's offsets
+//! follow their partitions (every new subtask sees all of them and keeps its own); other
+//! sources keep their parallelism (their positions are per subtask); a refusal names the
+//! node and what to do.
 
 use std::collections::BTreeMap;
 
 use thiserror::Error;
 
 use crate::checkpoint::layout::{self, NamedState};
-use crate::checkpoint::snapshot::{SinkState, SubtaskState};
+use crate::checkpoint::snapshot::{SinkState, SourcePosition, SubtaskState};
 use crate::checkpoint::storage::LoadedCheckpoint;
-use crate::graph::logical::{JobGraph, NodeKind};
+use crate::graph::logical::{JobGraph, NodeKind, SourceKind};
 use crate::keygroup::key_group_range;
 use crate::sandbox::bindings::types::Redistribution;
 
@@ -150,6 +152,21 @@ pub fn plan(
         let new_p = node.parallelism;
         let state_of = |i: u32| chk.states.get(&(entry.uid.clone(), i));
         match &node.kind {
+            NodeKind::Source(SourceKind::Kafka(_)) => {
+                // Offsets follow their partitions: every subtask gets every partition's
+                // offset and keeps those `assign::owner` gives it at the new parallelism.
+                let mut partitions = Vec::new();
+                for s in 0..old_p {
+                    if let Some(SourcePosition::Kafka { partitions: p }) = state_of(s).and_then(|st| st.source.as_ref())
+                    {
+                        partitions.extend(p.iter().cloned());
+                    }
+                }
+                for s in 0..new_p {
+                    let source = Some(SourcePosition::Kafka { partitions: partitions.clone() });
+                    plan[ni][s as usize] = Some(SubtaskState { source, ..Default::default() });
+                }
+            }
             NodeKind::Source(_) => {
                 if old_p != new_p {
                     return Err(RecoveryError::Parallelism { uid: entry.uid.clone(), chk: id, old: old_p, new: new_p });
@@ -171,6 +188,11 @@ pub fn plan(
                     plan[ni][s as usize] = Some(st);
                 }
                 for old in new_p..old_p {
+                    if let (Some(st), Some(Some(first))) = (state_of(old), plan[ni].get_mut(0))
+                        && !st.operator_state.is_empty()
+                    {
+                        first.adopted_blobs.push((old, st.operator_state.clone()));
+                    }
                     if let (Some(sink), Some(Some(first))) =
                         (state_of(old).and_then(|s| s.sink.clone()), plan[ni].get_mut(0))
                     {

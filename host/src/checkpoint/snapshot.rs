@@ -30,7 +30,7 @@ pub struct KeyGroupSnapshot {
 }
 
 /// Where a source subtask was when the barrier was injected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SourcePosition {
     /// Next sequence number of a generator.
     Generator {
@@ -44,6 +44,24 @@ pub enum SourcePosition {
         /// Line number.
         line: u64,
     },
+    /// Kafka: each partition the subtask reads (appended last: older checkpoints decode).
+    Kafka {
+        /// Offsets by partition.
+        partitions: Vec<KafkaOffset>,
+    },
+}
+
+/// A Kafka partition's read position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaOffset {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The offset of the first record after the barrier.
+    pub next: i64,
+    /// Bounded reads: the end offset (exclusive) fixed when the job first started.
+    pub stop: Option<i64>,
 }
 
 /// A transactional file sink's state: parts pre-committed and not yet known committed.
@@ -86,6 +104,10 @@ pub struct SubtaskState {
     /// longer exist after a rescale, committed by the subtask that adopts them.
     #[serde(skip)]
     pub adopted_sinks: Vec<(u32, SinkState)>,
+    /// Restore plans only (never written): the `operator_state` of sink subtasks that no
+    /// longer run after a rescale (Kafka sinks' pre-committed transactions).
+    #[serde(skip)]
+    pub adopted_blobs: Vec<(u32, Vec<u8>)>,
 }
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
@@ -408,6 +430,7 @@ mod tests {
             sink: Some(SinkState { next_part: 4, pending: vec![(7, 3)] }),
             backedge_log: vec![LoggedBatch { side: 0, records: 1, bytes: vec![1, 2] }],
             adopted_sinks: vec![],
+            adopted_blobs: vec![],
         }
     }
 
@@ -415,6 +438,13 @@ mod tests {
     fn round_trips() {
         let (bytes, _) = sample().encode();
         assert_eq!(SubtaskState::decode(&bytes).unwrap(), sample());
+        let kafka = SubtaskState {
+            source: Some(SourcePosition::Kafka {
+                partitions: vec![KafkaOffset { topic: "t".into(), partition: 3, next: 42, stop: Some(50) }],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(SubtaskState::decode(&kafka.encode().0).unwrap(), kafka);
     }
 
     #[test]

@@ -146,6 +146,57 @@ pub enum SourceKind {
     Generator(GeneratorConfig),
     /// Lines of standard input. Cannot rewind: not replayable.
     Stdin,
+    /// Records of Kafka topics; offsets in checkpoints.
+    Kafka(KafkaSource),
+}
+
+/// A Kafka source's topics, start, bounds and watermarks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSource {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// Which topics.
+    pub topics: KafkaTopics,
+    /// Where partitions without a checkpointed offset start.
+    pub start: KafkaStart,
+    /// Consumer group: offsets of completed checkpoints are committed to it (monitoring), and
+    /// `start = "group"` starts from its committed offsets.
+    pub group: String,
+    /// Stop at the end offsets seen when the job first started (a bounded read), instead of
+    /// running until stopped.
+    pub bounded: bool,
+    /// Look for new partitions (and topics matching the pattern) this often; 0: never.
+    pub discovery_interval_ms: u64,
+    /// A partition with no record for this long does not hold back the watermark; 0: never.
+    pub idle_timeout_ms: u64,
+    /// Watermark = the smallest per-partition maximum timestamp minus this.
+    pub watermark_delay_ms: u64,
+    /// Read only committed transactional records (`isolation.level = read_committed`).
+    pub read_committed: bool,
+    /// Records per second per subtask (unlimited when absent).
+    pub rate: Option<u64>,
+}
+
+/// A Kafka source's topics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KafkaTopics {
+    /// These topics.
+    List(Vec<String>),
+    /// Every topic whose whole name matches this regular expression.
+    Pattern(String),
+}
+
+/// Where a Kafka partition without a checkpointed offset starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaStart {
+    /// The first retained offset.
+    Earliest,
+    /// The end of the partition when the job starts.
+    Latest,
+    /// The first record with a timestamp at or after this (ms since the epoch).
+    Timestamp(i64),
+    /// The group's committed offset (earliest where it has none).
+    Group,
 }
 
 impl SourceKind {
@@ -233,6 +284,36 @@ pub enum SinkKind {
     },
     /// Rows of a PostgreSQL table, exactly-once by two-phase commit.
     Postgres(PostgresTarget),
+    /// Records of a Kafka topic, exactly-once through Kafka transactions.
+    Kafka(KafkaTarget),
+}
+
+/// A Kafka sink's topic and delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaTarget {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// The topic written.
+    pub topic: String,
+    /// Transactions committed when checkpoints complete (else: flushed at each checkpoint,
+    /// at-least-once).
+    pub exactly_once: bool,
+    /// Producers' `transactional.id` is `<prefix>-<subtask>`.
+    pub transaction_prefix: String,
+    /// `transaction.timeout.ms`: longer than the checkpoint interval.
+    pub transaction_timeout_ms: u64,
+    /// How records pick partitions.
+    pub partitioner: KafkaPartitioner,
+}
+
+/// How a Kafka sink's records pick partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaPartitioner {
+    /// By a hash of the record key (murmur2, as Kafka's Java client: records of one key stay
+    /// in order in one partition).
+    Key,
+    /// Sink subtask `s` writes partition `s mod partitions` (no shuffle between subtasks).
+    Subtask,
 }
 
 /// A PostgreSQL sink's table and how record values map onto it.

@@ -20,6 +20,8 @@ use crate::job::spec::{InputSpec, JobSpec, SinkSpec};
 use crate::runtime::restart::RestartStrategy;
 use crate::sandbox::limits::{CEILING, Limits};
 
+mod kafka;
+
 /// Host ceiling of `[job] batch_size` (records per batch): a batch is buffered per edge and
 /// channel slot, so the two ceilings bound what a job's channels can hold.
 pub const MAX_BATCH_SIZE: u32 = 16_384;
@@ -190,8 +192,14 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         Ok(NodeId::new(s))
     };
 
+    let mut kafka_deliveries = Vec::new();
     for s in &spec.source {
         let id = add_id(cx, &s.id)?;
+        if s.kind.get_ref() != "kafka"
+            && let Some((option, span)) = kafka::source_only(s)
+        {
+            return cx.err(span, format!("source `{id}`: `{option}` is an option of `kafka` sources only"));
+        }
         let p = parallelism(cx, &s.parallelism, 1, max_p, id.as_str())?;
         let line = cx.line(s.id.span()).unwrap_or(0);
         let kind = match s.kind.get_ref().as_str() {
@@ -247,10 +255,11 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     },
                 })
             }
+            "kafka" => SourceKind::Kafka(kafka::source(cx, s, id.as_str(), &name)?),
             other => {
                 return cx.err(
                     s.kind.span(),
-                    format!("source `{id}`: unknown type `{other}`; use `file`, `generator` or `stdin`"),
+                    format!("source `{id}`: unknown type `{other}`; use `file`, `generator`, `stdin` or `kafka`"),
                 );
             }
         };
@@ -312,8 +321,13 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         if let Some(l) = s.latency.as_ref().filter(|_| s.kind.get_ref() != "blackhole") {
             return cx.err(l.span(), format!("sink `{id}`: `latency` is an option of `blackhole` sinks only"));
         }
-        if !postgres && let Some((name, span)) = postgres_only(s) {
+        let is_kafka = s.kind.get_ref() == "kafka";
+        if !postgres && let Some((name, span)) = postgres_only(s).filter(|o| !(is_kafka && o.0 == "transaction_prefix"))
+        {
             return cx.err(span, format!("sink `{id}`: `{name}` is an option of `postgres` sinks only"));
+        }
+        if !is_kafka && let Some((name, span)) = kafka::sink_only(s) {
+            return cx.err(span, format!("sink `{id}`: `{name}` is an option of `kafka` sinks only"));
         }
         let kind = match s.kind.get_ref().as_str() {
             "file" => {
@@ -325,10 +339,17 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             "stdout" => SinkKind::Stdout { format },
             "blackhole" => SinkKind::Blackhole { latency: s.latency.as_ref().is_some_and(|l| *l.get_ref()) },
             "postgres" => SinkKind::Postgres(postgres_target(cx, s, id.as_str(), &name)?),
+            "kafka" => {
+                let (target, delivery) = kafka::sink(cx, s, id.as_str(), &name)?;
+                kafka_deliveries.push((nodes.len(), delivery));
+                SinkKind::Kafka(target)
+            }
             other => {
                 return cx.err(
                     s.kind.span(),
-                    format!("sink `{id}`: unknown type `{other}`; use `file`, `stdout`, `blackhole` or `postgres`"),
+                    format!(
+                        "sink `{id}`: unknown type `{other}`; use `file`, `stdout`, `blackhole`, `postgres` or `kafka`"
+                    ),
                 );
             }
         };
@@ -447,6 +468,14 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 .err(span, format!("[job] guarantee `{other}` is unknown; use `exactly-once` or `at-least-once`"));
         }
     };
+    for (i, explicit) in kafka_deliveries {
+        let n = &mut nodes[i];
+        if let NodeKind::Sink(SinkKind::Kafka(t)) = &mut n.kind {
+            let interval = checkpoint.as_ref().map(|c| c.settings.interval_ms);
+            kafka::delivery(t, explicit, interval, guarantee == Guarantee::ExactlyOnce, n.id.as_str())
+                .map_err(|message| JobError { file: cx.file.to_path_buf(), line: Some(n.line), message })?;
+        }
+    }
     if checkpoint.is_some() && guarantee == Guarantee::ExactlyOnce {
         for n in &nodes {
             if let NodeKind::Source(k) = &n.kind

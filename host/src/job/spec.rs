@@ -113,7 +113,7 @@ pub struct SourceSpec {
     /// generator: value = this many pseudo-random bytes instead of the sequence number.
     #[serde(default)]
     pub value_bytes: Option<Spanned<u32>>,
-    /// generator and file: records per second per subtask (unlimited when absent).
+    /// generator, file and kafka: records per second per subtask (unlimited when absent).
     #[serde(default)]
     pub rate: Option<Spanned<u64>>,
     /// generator: seed of the value bytes.
@@ -123,6 +123,39 @@ pub struct SourceSpec {
     /// clock in ms when the record is created; for latency measurement).
     #[serde(default)]
     pub timestamps: Option<Spanned<String>>,
+    /// kafka: `host:port[,host:port...]`.
+    #[serde(default)]
+    pub bootstrap_servers: Option<Spanned<String>>,
+    /// kafka: the topics read.
+    #[serde(default)]
+    pub topics: Option<Spanned<Vec<String>>>,
+    /// kafka: read every topic whose name matches this regular expression.
+    #[serde(default)]
+    pub topic_pattern: Option<Spanned<String>>,
+    /// kafka: `earliest` (default), `latest`, `timestamp` or `group`.
+    #[serde(default)]
+    pub start: Option<Spanned<String>>,
+    /// kafka, start = "timestamp": ms since the epoch.
+    #[serde(default)]
+    pub start_timestamp_ms: Option<Spanned<i64>>,
+    /// kafka: the consumer group (default `weir-<job>-<source>`).
+    #[serde(default)]
+    pub group: Option<Spanned<String>>,
+    /// kafka: stop at the end offsets of the first start.
+    #[serde(default)]
+    pub bounded: Option<Spanned<bool>>,
+    /// kafka: how often to look for new partitions (0: never).
+    #[serde(default)]
+    pub discovery_interval_ms: Option<Spanned<u64>>,
+    /// kafka: a partition silent this long stops holding back the watermark (0: never).
+    #[serde(default)]
+    pub idle_timeout_ms: Option<Spanned<u64>>,
+    /// kafka: watermark lag behind the smallest per-partition maximum timestamp.
+    #[serde(default)]
+    pub watermark_delay_ms: Option<Spanned<u64>>,
+    /// kafka: `read_committed` (default) or `read_uncommitted`.
+    #[serde(default)]
+    pub isolation: Option<Spanned<String>>,
 }
 
 /// `[[operator]]`
@@ -192,6 +225,22 @@ pub struct SinkSpec {
     /// postgres: PEM file of the CA that signed the server's certificate (TLS).
     #[serde(default)]
     pub ca_cert: Option<Spanned<String>>,
+    /// kafka: `host:port[,host:port...]`.
+    #[serde(default)]
+    pub bootstrap_servers: Option<Spanned<String>>,
+    /// kafka: the topic written.
+    #[serde(default)]
+    pub topic: Option<Spanned<String>>,
+    /// kafka: `exactly-once` or `at-least-once` (default: the job's guarantee when
+    /// checkpointing, else at-least-once).
+    #[serde(default)]
+    pub delivery: Option<Spanned<String>>,
+    /// kafka: `transaction.timeout.ms` of its producers.
+    #[serde(default)]
+    pub transaction_timeout_ms: Option<Spanned<u64>>,
+    /// kafka: `key` (default) or `subtask`.
+    #[serde(default)]
+    pub partitioner: Option<Spanned<String>>,
     /// Where records come from.
     #[serde(default)]
     pub inputs: Vec<InputSpec>,

@@ -23,11 +23,14 @@ use std::collections::BTreeMap;
 use crate::checkpoint::compat;
 use crate::checkpoint::metadata::ComponentEntry;
 use crate::checkpoint::recovery;
+use crate::checkpoint::snapshot::SourcePosition;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint, store_component};
 use crate::checkpoint::writer;
 use crate::connectors::file_sink::{FileSink, clear_parts};
 use crate::connectors::file_source::FileSource;
 use crate::connectors::generator::Generator;
+use crate::connectors::kafka::sink::{KafkaSink, Opening as KafkaOpening};
+use crate::connectors::kafka::source::KafkaReader;
 use crate::graph::logical::{NodeKind, SinkKind, SourceKind};
 use crate::graph::partition::Partition;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
@@ -44,7 +47,7 @@ use crate::runtime::output::{EdgeOutput, Output};
 use crate::runtime::participant::Participant;
 use crate::runtime::priority;
 use crate::runtime::sink::{SinkTask, SinkWriter};
-use crate::runtime::source::{SourceReader, SourceTask};
+use crate::runtime::source::{SourceReader, SourceTask, kafka_failure};
 use crate::runtime::task::{Faults, OperatorTask, Restore};
 use crate::runtime::termination::LoopTermination;
 use crate::runtime::upgrade::{self, component_entry};
@@ -633,8 +636,25 @@ fn run_attempt(
                                 |e| setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display())),
                             )?)
                         }
+                        SourceKind::Kafka(cfg) => {
+                            let offsets = match restored.as_ref().and_then(|st| st.source.as_ref()) {
+                                Some(SourcePosition::Kafka { partitions }) => Some(&partitions[..]),
+                                _ => None,
+                            };
+                            match KafkaReader::open(cfg, s, n.parallelism, offsets) {
+                                Ok(r) => SourceReader::Kafka(Box::new(r)),
+                                // Before the job starts: refused at once. At a restart: a
+                                // failed attempt, retried by the restart strategy.
+                                Err(e) if attempt == 0 => {
+                                    return Err(setup(format!("source `{}` subtask {s}: {e}", n.id)));
+                                }
+                                Err(e) => return Ok(AttemptEnd::Failed(kafka_failure(&id, e))),
+                            }
+                        }
                     };
-                    if let Some(pos) = restored.as_ref().and_then(|st| st.source) {
+                    if let Some(pos) = restored.as_ref().and_then(|st| st.source.clone())
+                        && !matches!(reader, SourceReader::Kafka(_))
+                    {
                         reader.seek(pos).map_err(|e| setup(format!("source `{id}`: {e}")))?;
                     }
                     Task::Source(SourceTask {
@@ -741,6 +761,18 @@ fn run_attempt(
                                     return Err(setup(format!("sink `{}` subtask {s}: {e}", n.id)));
                                 }
                                 Err(e) => return Ok(AttemptEnd::Failed(crate::runtime::sink::pg_failure(&id, e))),
+                            }
+                        }
+                        SinkKind::Kafka(target) => {
+                            let blob = restored.as_ref().map(|st| &st.operator_state[..]);
+                            let adopted = restored.as_ref().map(|st| st.adopted_blobs.clone()).unwrap_or_default();
+                            let opening = KafkaOpening { subtask: s, restored: blob, adopted: &adopted };
+                            match KafkaSink::open(target, opening) {
+                                Ok(sink) => SinkWriter::Kafka(Box::new(sink)),
+                                Err(e) if attempt == 0 => {
+                                    return Err(setup(format!("sink `{}` subtask {s}: {e}", n.id)));
+                                }
+                                Err(e) => return Ok(AttemptEnd::Failed(kafka_failure(&id, e))),
                             }
                         }
                         SinkKind::Blackhole { latency } => {

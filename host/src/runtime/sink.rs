@@ -11,6 +11,7 @@ use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::control::{Control, Timing};
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::connectors::file_sink::{FileSink, write_line};
+use crate::connectors::kafka::sink::KafkaSink;
 use crate::connectors::postgres_sink::{PgSinkError, PostgresSink};
 use crate::graph::logical::SinkFormat;
 use crate::ids::{CheckpointId, TaskId};
@@ -20,6 +21,7 @@ use crate::runtime::latency::LatencyRecorder;
 use crate::runtime::message::Message;
 use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};
 use crate::runtime::participant::{self, Participant};
+use crate::runtime::source::kafka_failure;
 use crate::runtime::termination::LoopTermination;
 
 /// Where a sink subtask writes.
@@ -32,6 +34,20 @@ pub enum SinkWriter {
     Blackhole(Option<LatencyRecorder>),
     /// Rows of a PostgreSQL table, in prepared transactions.
     Postgres(Box<PostgresSink>),
+    /// Records of a Kafka topic, in Kafka transactions (or flushed at barriers).
+    Kafka(Box<KafkaSink>),
+}
+
+impl SinkWriter {
+    /// Whether records wait behind a pre-committed transaction, so the next barrier must
+    /// wait for its checkpoint's outcome.
+    fn must_settle(&self) -> bool {
+        match self {
+            SinkWriter::Postgres(pg) => pg.must_settle(),
+            SinkWriter::Kafka(k) => k.must_settle(),
+            _ => false,
+        }
+    }
 }
 
 /// Everything a sink subtask needs.
@@ -74,6 +90,10 @@ impl SinkTask {
         let sink = match writer {
             SinkWriter::File(f) => Some(f.precommit(id).map_err(|e| io_failure(task, "pre-committing output", e))?),
             SinkWriter::Postgres(p) => Some(p.precommit(id).map_err(|e| pg_failure(task, e))?),
+            SinkWriter::Kafka(k) => {
+                let blob = k.precommit(id).map_err(|e| kafka_failure(task, e))?;
+                return Ok(SubtaskState { operator_state: blob, ..Default::default() });
+            }
             _ => None,
         };
         Ok(SubtaskState { sink, ..Default::default() })
@@ -87,6 +107,7 @@ impl SinkTask {
             SinkWriter::Postgres(p) => {
                 p.commit(id).map_err(|e| pg_failure(task, e))?;
             }
+            SinkWriter::Kafka(k) => k.commit(id).map_err(|e| kafka_failure(task, e))?,
             _ => {}
         }
         Ok(())
@@ -128,8 +149,10 @@ impl SinkTask {
                 if aligner.on_cancel(id) {
                     *align_started = None;
                 }
-                if let SinkWriter::Postgres(pg) = &mut self.writer {
-                    pg.abort(id).map_err(|e| pg_failure(&self.id, e))?;
+                match &mut self.writer {
+                    SinkWriter::Postgres(pg) => pg.abort(id).map_err(|e| pg_failure(&self.id, e))?,
+                    SinkWriter::Kafka(k) => k.abort(id).map_err(|e| kafka_failure(&self.id, e))?,
+                    _ => {}
                 }
             }
             Control::Stop => return Ok(true),
@@ -143,14 +166,13 @@ impl SinkTask {
         Ok(false)
     }
 
-    /// A PostgreSQL sink whose rows wait behind a prepared transaction: handles control
+    /// A sink whose records wait behind a pre-committed transaction: handles control
     /// messages until that transaction's checkpoint completes or aborts (the coordinator
     /// decides either way; the sink has acknowledged it). Returns whether `Stop` arrived.
     fn settle(&mut self, aligner: &mut Aligner, align_started: &mut Option<Instant>) -> Result<bool, TaskFailure> {
         loop {
-            let SinkWriter::Postgres(pg) = &self.writer else { return Ok(false) };
             let Some(control) = self.checkpoints.as_ref().map(|p| p.control.clone()) else { return Ok(false) };
-            if !pg.must_settle() {
+            if !self.writer.must_settle() {
                 return Ok(false);
             }
             if self.cancel.load(Ordering::Relaxed) {
@@ -227,6 +249,7 @@ impl SinkTask {
                             };
                             p.write(&batch, name).map_err(|e| pg_failure(&self.id, e))?;
                         }
+                        SinkWriter::Kafka(k) => k.write(&batch).map_err(|e| kafka_failure(&self.id, e))?,
                         SinkWriter::Blackhole(None) => {}
                         SinkWriter::Blackhole(Some(l)) => l.record_batch(batch.iter().map(|r| r.timestamp)),
                     }
@@ -268,6 +291,7 @@ impl SinkTask {
             match &mut self.writer {
                 SinkWriter::File(f) => f.commit_at_end().map_err(|e| io_failure(&self.id, "committing output", e))?,
                 SinkWriter::Postgres(pg) => pg.commit_at_end().map_err(|e| pg_failure(&self.id, e))?,
+                SinkWriter::Kafka(k) => k.flush_at_end().map_err(|e| kafka_failure(&self.id, e))?,
                 _ => {}
             }
             return Ok(());

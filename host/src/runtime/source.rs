@@ -11,6 +11,7 @@ use crate::checkpoint::control::{Control, Timing};
 use crate::checkpoint::snapshot::{SourcePosition, SubtaskState};
 use crate::connectors::file_source::{FileSource, FileSourceError};
 use crate::connectors::generator::Generator;
+use crate::connectors::kafka::source::{KafkaReader, KafkaSourceError};
 use crate::ids::TaskId;
 use crate::runtime::error::TaskFailure;
 use crate::runtime::message::Message;
@@ -25,6 +26,8 @@ pub enum SourceReader {
     Generator(Generator),
     /// Text file lines.
     File(FileSource),
+    /// Kafka partitions (positioned at open).
+    Kafka(Box<KafkaReader>),
 }
 
 impl SourceReader {
@@ -36,6 +39,7 @@ impl SourceReader {
                 let (offset, line) = f.position();
                 SourcePosition::File { offset, line }
             }
+            SourceReader::Kafka(k) => SourcePosition::Kafka { partitions: k.position() },
         }
     }
 
@@ -51,6 +55,16 @@ impl SourceReader {
             }
             (_, pos) => Err(format!("the checkpoint holds a position of another source type: {pos:?}")),
         }
+    }
+}
+
+/// A Kafka connector's failure: an outage when the broker could not be reached.
+pub fn kafka_failure(task: &TaskId, e: crate::connectors::kafka::KafkaError) -> TaskFailure {
+    let message = format!("Kafka: {e}");
+    if e.transient {
+        TaskFailure::Unavailable { task: task.clone(), message }
+    } else {
+        TaskFailure::Connector { task: task.clone(), message }
     }
 }
 
@@ -109,6 +123,11 @@ impl SourceTask {
         match c {
             Control::Trigger(id) => {
                 let state = self.state();
+                if let (SourceReader::Kafka(k), Some(SourcePosition::Kafka { partitions })) =
+                    (&mut self.reader, &state.source)
+                {
+                    k.on_barrier(id.0, partitions.clone());
+                }
                 self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
                 self.output.flush().map_err(|_| self.disconnected())?;
                 if let Some(p) = self.checkpoints.as_mut() {
@@ -118,7 +137,12 @@ impl SourceTask {
                     self.suspended = true;
                 }
             }
-            Control::Complete(_) => p.completed += 1,
+            Control::Complete(id) => {
+                p.completed += 1;
+                if let SourceReader::Kafka(k) = &mut self.reader {
+                    k.on_complete(id.0);
+                }
+            }
             Control::SuspendAfter(id) => self.suspend_after = Some(id),
             Control::Abort(id) => {
                 if self.suspend_after == Some(id) {
@@ -210,6 +234,17 @@ impl SourceTask {
                     },
                     FileSourceError::Disconnected(_) => TaskFailure::Disconnected { task: self.id.clone() },
                 })?,
+                SourceReader::Kafka(k) => {
+                    let n = k.emit(self.batch_size, &mut self.output).map_err(|e| match e {
+                        KafkaSourceError::Kafka(e) => kafka_failure(&self.id, e),
+                        KafkaSourceError::Disconnected(_) => TaskFailure::Disconnected { task: self.id.clone() },
+                    })?;
+                    // Idle partitions move the watermark without records.
+                    if let Some(wm) = k.watermark() {
+                        self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
+                    }
+                    n
+                }
             };
             if let Some(t) = &self.termination {
                 t.account(self.output.take_copies(), 0);
