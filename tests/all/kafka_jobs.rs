@@ -228,3 +228,103 @@ fn connector_kafka_sigkill_then_restore_latest_is_exactly_once() {
     assert_eq!(got.len(), expected.len(), "records after {kills} kill(s), seed {seed}");
     assert!(got == expected, "the output differs from the failure-free output (seed {seed})");
 }
+
+/// Stop with a savepoint at source parallelism 2 (sink 2), restore at source parallelism 3
+/// (sink 1, which adopts the other sink subtask's transactions): every partition's offset
+/// goes to its new owner, and the output is exactly the failure-free records.
+#[test]
+fn connector_kafka_rescale_from_a_savepoint_moves_offsets_with_their_partitions() {
+    use crate::savepoints::{start, wait_records};
+    let k = KafkaServer::start();
+    let (lines, expected) = input(12_000, 3);
+    k.create_topic("lines", 5);
+    k.produce("lines", &lines, |i| (i % 5) as i32);
+    k.create_topic("counts", 3);
+    let dir = scratch();
+    let toml = wordcount_job("kscale", &k.bootstrap(), "lines", "counts", 2, 50)
+        .replace("bounded = true\n", "bounded = true\nrate = 3000\n");
+    let mut r = start(dir.path(), &toml, None, false);
+    wait_records(&r, "count", 5_000);
+    let sp = dir.path().join("sp");
+    r.handle.savepoint(Some(sp.clone()), true, Duration::from_secs(60)).unwrap();
+    r.join().unwrap();
+    let before = committed_values(&k, "counts").len();
+    assert!(before > 0 && before < expected.len(), "the savepoint was taken mid-input ({before} records)");
+    let rescaled = wordcount_job("kscale", &k.bootstrap(), "lines", "counts", 3, 50).replace(
+        "parallelism = 2\ninputs = [{ from = \"count\" }]",
+        "parallelism = 1\ninputs = [{ from = \"count\" }]",
+    );
+    assert!(rescaled.contains("parallelism = 1\ninputs"), "the sink runs at parallelism 1");
+    let mut r = start(dir.path(), &rescaled, Some(sp), false);
+    let summary = r.join().unwrap();
+    assert!(summary.restored_from.is_some());
+    let got = committed_values(&k, "counts");
+    assert_eq!(got.len(), expected.len(), "records after the rescale ({before} before it)");
+    assert!(got == expected, "the output differs from the failure-free output");
+}
+
+/// Kafka `input` -> Kafka `output` directly (no operator), with `source` and `sink` extra
+/// options and `[checkpoint]` text `chk`.
+fn passthrough(bootstrap: &str, input: &str, output: &str, source: &str, sink: &str, chk: &str) -> String {
+    format!(
+        "[job]\nname = \"kbad\"\n{chk}\n[restart]\nstrategy = \"none\"\n\
+         [[source]]\nid = \"in\"\ntype = \"kafka\"\nbootstrap_servers = \"{bootstrap}\"\ntopics = [\"{input}\"]\nbounded = true\n{source}\n\
+         [[sink]]\nid = \"out\"\ntype = \"kafka\"\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{output}\"\n{sink}\n\
+         inputs = [{{ from = \"in\" }}]\n"
+    )
+}
+
+#[test]
+fn connector_kafka_bad_brokers_topics_and_settings_are_refused_naming_them() {
+    let k = KafkaServer::start();
+    k.create_topic("in", 2);
+    k.create_topic("out", 1);
+    k.produce("in", &[("a".into(), "1".into()), ("b".into(), "2".into())], |i| i as i32 % 2);
+    let chk = "[checkpoint]\ninterval_ms = 1000\ndir = \"chk\"";
+    let dir = scratch();
+    let b = k.bootstrap();
+    let err = |toml: String| run(dir.path(), &toml, None).expect_err("refused");
+
+    // Nothing listens on port 1: named, with what to check.
+    let e = err(passthrough("127.0.0.1:1", "in", "out", "", "", chk));
+    assert!(e.contains("source `in`") && e.contains("127.0.0.1:1") && e.contains("check bootstrap_servers"), "{e}");
+    let e = err(
+        passthrough(&b, "in", "out", "", "", chk).replace(&format!("\"{b}\"\ntopic ="), "\"127.0.0.1:1\"\ntopic =")
+    );
+    assert!(e.contains("sink `out`") && e.contains("127.0.0.1:1"), "{e}");
+
+    // Missing topics, on either side.
+    let e = err(passthrough(&b, "nope", "out", "", "", chk));
+    assert!(e.contains("topic `nope` does not exist") && e.contains(&b), "{e}");
+    let e = err(passthrough(&b, "in", "gone", "", "", chk));
+    assert!(e.contains("topic `gone` does not exist") && e.contains("sink `out`"), "{e}");
+
+    // A transaction timeout that a checkpoint interval can outlast.
+    let e = err(passthrough(&b, "in", "out", "", "transaction_timeout_ms = 500", chk));
+    assert!(
+        e.contains("transaction_timeout_ms = 500")
+            && e.contains("interval_ms = 1000")
+            && e.contains("kafka sink `out`"),
+        "{e}"
+    );
+    // Exactly-once without checkpoints.
+    let e = err(passthrough(&b, "in", "out", "", "delivery = \"exactly-once\"", ""));
+    assert!(e.contains("no checkpoints") && e.contains("at-least-once"), "{e}");
+    // Options that are not this type's, and values that are not options.
+    let e = err(passthrough(&b, "in", "out", "", "", chk)
+        .replace("type = \"kafka\"\nbootstrap_servers", "type = \"file\"\nbootstrap_servers"));
+    assert!(e.contains("is an option of `kafka` sources only"), "{e}");
+    let e = err(passthrough(&b, "in", "out", "start = \"yesterday\"", "", chk));
+    assert!(e.contains("unknown start `yesterday`"), "{e}");
+    let e =
+        err(passthrough(&b, "in", "out", "", "", chk).replace(&format!("\"{b}\"\ntopics"), "\"localhost\"\ntopics"));
+    assert!(e.contains("bootstrap_servers `localhost` is not a list of host:port"), "{e}");
+    let e = err(passthrough(&b, "in", "out", "topic_pattern = \"(\"", "", chk));
+    assert!(e.contains("set `topics` or `topic_pattern`, not both"), "{e}");
+
+    // And the same job with good settings runs, at-least-once without checkpoints.
+    run(dir.path(), &passthrough(&b, "in", "out", "", "", ""), None).unwrap();
+    let mut got = committed_values(&k, "out");
+    got.sort();
+    assert_eq!(got, ["1", "2"]);
+}
