@@ -54,6 +54,12 @@ pub fn wordcount_job(
     source_p: u32,
     interval_ms: u64,
 ) -> String {
+    let sink = format!("type = \"kafka\"\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{output}\"");
+    wordcount_into(name, bootstrap, input, source_p, interval_ms, &sink)
+}
+
+/// The same wordcount into a sink of kind `sink` (a TOML fragment; parallelism 2).
+pub fn wordcount_into(name: &str, bootstrap: &str, input: &str, source_p: u32, interval_ms: u64, sink: &str) -> String {
     format!(
         "[job]\nname = \"{name}\"\nmax_parallelism = 32\nbatch_size = 64\n\
          [checkpoint]\ninterval_ms = {interval_ms}\ndir = \"chk\"\n\
@@ -62,7 +68,7 @@ pub fn wordcount_job(
          bounded = true\nparallelism = {source_p}\n\
          [[operator]]\nid = \"tokenize\"\ncomponent = {tok}\nparallelism = 2\ninputs = [{{ from = \"lines\", partition = \"rebalance\" }}]\n\
          [[operator]]\nid = \"count\"\ncomponent = {cnt}\nparallelism = 2\ninputs = [{{ from = \"tokenize\", partition = \"hash\" }}]\n\
-         [[sink]]\nid = \"out\"\ntype = \"kafka\"\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{output}\"\n\
+         [[sink]]\nid = \"out\"\n{sink}\n\
          parallelism = 2\ninputs = [{{ from = \"count\" }}]\n",
         tok = toml_path(&component("wordcount_tokenizer")),
         cnt = toml_path(&component("wordcount_counter")),
@@ -327,4 +333,74 @@ fn connector_kafka_bad_brokers_topics_and_settings_are_refused_naming_them() {
     let mut got = committed_values(&k, "out");
     got.sort();
     assert_eq!(got, ["1", "2"]);
+}
+
+/// The PostgreSQL sink's `(word, n)` rows as `w n` lines, sorted.
+fn table_lines(pg: &crate::pg::PgServer, table: &str) -> Vec<String> {
+    let q = format!("SELECT word || ' ' || n FROM {table}");
+    let mut v: Vec<String> = pg.client().query(&q, &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    v.sort();
+    v
+}
+
+fn pg_sink(pg: &crate::pg::PgServer, table: &str) -> String {
+    format!(
+        "type = \"postgres\"\nurl = \"{}\"\ntable = \"{table}\"\nformat = \"csv\"\ndelimiter = \" \"\ncolumns = [\"word\", \"n\"]",
+        pg.url()
+    )
+}
+
+/// Kafka -> WASM wordcount -> PostgreSQL, under seeded failures and then SIGKILLs of the real
+/// process: the table ends equal to the failure-free output, no prepared transaction left.
+#[test]
+fn connector_kafka_to_postgres_is_exactly_once_under_failures_and_sigkill() {
+    use crate::process_recovery::{kill_after_checkpoint, spawn};
+    use weir::checkpoint::storage::CheckpointStore;
+    let k = KafkaServer::start();
+    let pg = crate::pg::PgServer::start(&[]);
+    let (lines, expected) = input(8_000, 17);
+    k.create_topic("lines", 4);
+    k.produce("lines", &lines, |i| (i % 4) as i32);
+    let kinds = [FaultKind::GuestTrap, FaultKind::HostPanic, FaultKind::DuringCheckpoint];
+    let seeds: u64 = std::env::var("WEIR_CONNECTOR_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    for seed in std::iter::once(None).chain((0..seeds).map(Some)) {
+        let table = format!("wc_{}", seed.map_or("base".to_string(), |s| s.to_string()));
+        pg.exec(&format!("CREATE TABLE {table} (word text NOT NULL, n bigint NOT NULL)"));
+        let failures = seed.map_or(0, |s| 1 + (s % 3) as u32);
+        let plan = seed.map(|s| Arc::new(FaultPlan::seeded(s, failures, &[("count", 2)], 4_000, 1, &kinds)));
+        let dir = scratch();
+        let toml = wordcount_into(&format!("kpg-{table}"), &k.bootstrap(), "lines", 2, 20, &pg_sink(&pg, &table));
+        let summary = run(dir.path(), &toml, plan).unwrap_or_else(|e| panic!("seed {seed:?}: {e}"));
+        assert_eq!(summary.attempts, failures + 1, "seed {seed:?}: every planned failure must fire");
+        assert!(table_lines(&pg, &table) == expected, "seed {seed:?}: the table differs from the failure-free output");
+    }
+
+    // The real process, SIGKILLed twice at random moments after checkpoints.
+    pg.exec("CREATE TABLE wc_kill (word text NOT NULL, n bigint NOT NULL)");
+    let dir = scratch();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("kafka->postgres sigkill seed {seed}");
+    let toml = wordcount_into("kpg-kill", &k.bootstrap(), "lines", 2, 100, &pg_sink(&pg, "wc_kill"))
+        .replace("bounded = true\n", "bounded = true\nrate = 2000\n");
+    let job = dir.path().join("job.toml");
+    std::fs::write(&job, toml).unwrap();
+    let store = CheckpointStore::new(&dir.path().join("chk"), "kpg-kill");
+    let (mut kills, mut after, mut restore, mut s) = (0, 0, false, seed);
+    for _ in 0..2 {
+        let mut child = spawn(&job, restore);
+        s = weir::connectors::generator::splitmix64(s);
+        if !kill_after_checkpoint(&mut child, &store, after, s % 300) {
+            assert!(child.wait().unwrap().success());
+            break;
+        }
+        kills += 1;
+        after = store.max_id();
+        restore = true;
+    }
+    assert!(kills >= 1, "the job must have been killed at least once while running (seed {seed})");
+    let out = spawn(&job, true).wait_with_output().unwrap();
+    assert!(out.status.success(), "restore run failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(table_lines(&pg, "wc_kill") == expected, "the table differs after {kills} kill(s) (seed {seed})");
+    let left = pg.client().query("SELECT gid FROM pg_prepared_xacts", &[]).unwrap().len();
+    assert_eq!(left, 0, "prepared transactions left behind (seed {seed})");
 }
