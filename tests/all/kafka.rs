@@ -20,7 +20,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 const NOIDA: &str = "noida-db==0.2.3";
 
 /// The broker's executable, installing it once (a virtualenv in `target/kafka-broker`).
-fn broker_bin() -> PathBuf {
+pub(crate) fn broker_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/kafka-broker");

@@ -404,3 +404,14 @@ fn connector_kafka_to_postgres_is_exactly_once_under_failures_and_sigkill() {
     let left = pg.client().query("SELECT gid FROM pg_prepared_xacts", &[]).unwrap().len();
     assert_eq!(left, 0, "prepared transactions left behind (seed {seed})");
 }
+
+/// `examples/kafka-to-postgres/run.sh` starts its own broker and PostgreSQL, loads the topic
+/// and runs the word count into a table with the real `weir` binary, checking the table
+/// against `expected/`.
+#[test]
+fn connector_kafka_example_script_checks_its_table() {
+    // The broker's virtualenv is ready before the script adds its client to it.
+    crate::kafka::broker_bin();
+    let out = crate::support::example_script("examples/kafka-to-postgres/run.sh");
+    assert!(out.contains("the table holds each word's final count (231 words)"), "{out}");
+}
