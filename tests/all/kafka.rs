@@ -140,10 +140,24 @@ impl KafkaServer {
 
     /// Writes `(key, value)` records to partitions by `partition(i)` and waits for them.
     pub fn produce(&self, topic: &str, records: &[(String, String)], partition: impl Fn(usize) -> i32) {
+        self.produce_at(topic, records, partition, |_| None)
+    }
+
+    /// The same, record `i` with timestamp `timestamp(i)` (ms; `None`: the producer's clock).
+    pub fn produce_at(
+        &self,
+        topic: &str,
+        records: &[(String, String)],
+        partition: impl Fn(usize) -> i32,
+        timestamp: impl Fn(usize) -> Option<i64>,
+    ) {
         let p: ThreadedProducer<DefaultProducerContext> =
             self.config().set("linger.ms", "5").set("enable.idempotence", "true").create().unwrap();
         for (i, (k, v)) in records.iter().enumerate() {
             let mut r = BaseRecord::to(topic).key(k.as_bytes()).payload(v.as_bytes()).partition(partition(i));
+            if let Some(t) = timestamp(i) {
+                r = r.timestamp(t);
+            }
             loop {
                 match p.send(r) {
                     Ok(()) => break,

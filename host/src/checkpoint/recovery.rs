@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::checkpoint::layout::{self, NamedState};
 use crate::checkpoint::snapshot::{SinkState, SourcePosition, SubtaskState};
 use crate::checkpoint::storage::LoadedCheckpoint;
-use crate::graph::logical::{JobGraph, NodeKind, SourceKind};
+use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::keygroup::key_group_range;
 use crate::sandbox::bindings::types::Redistribution;
 
@@ -188,10 +188,11 @@ pub fn plan(
                     plan[ni][s as usize] = Some(st);
                 }
                 for old in new_p..old_p {
-                    if let (Some(st), Some(Some(first))) = (state_of(old), plan[ni].get_mut(0))
-                        && !st.operator_state.is_empty()
-                    {
-                        first.adopted_blobs.push((old, st.operator_state.clone()));
+                    // Kafka sinks: subtask 0 also initializes the transactional ids of removed
+                    // subtasks without state, aborting what they left open.
+                    if let (NodeKind::Sink(SinkKind::Kafka(_)), Some(Some(first))) = (&node.kind, plan[ni].get_mut(0)) {
+                        let blob = state_of(old).map(|st| st.operator_state.clone()).unwrap_or_default();
+                        first.adopted_blobs.push((old, blob));
                     }
                     if let (Some(sink), Some(Some(first))) =
                         (state_of(old).and_then(|s| s.sink.clone()), plan[ni].get_mut(0))

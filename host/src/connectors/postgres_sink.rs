@@ -599,9 +599,11 @@ impl PostgresSink {
     /// theirs; a restore rolls back anything newer): they are rolled back, and their rows are
     /// written again, with the waiting ones, into the open transaction for the next
     /// checkpoint. Otherwise a newer pre-commit refers to them, and its outcome decides.
-    pub fn abort(&mut self, id: CheckpointId) -> Result<()> {
+    /// Returns whether this sink had seen that checkpoint's barrier.
+    pub fn abort(&mut self, id: CheckpointId) -> Result<bool> {
+        let seen = self.last_precommit.is_some_and(|l| l >= id.0);
         if self.last_precommit != Some(id.0) || self.pending.is_empty() {
-            return Ok(());
+            return Ok(seen);
         }
         for (c, _) in std::mem::take(&mut self.pending) {
             let g = gid(&self.target.transaction_prefix, self.subtask, c);
@@ -616,7 +618,7 @@ impl PostgresSink {
         for array in again {
             self.insert(array)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Without checkpointing: commits the open transaction at end of stream.

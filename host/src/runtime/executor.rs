@@ -497,14 +497,46 @@ fn run_attempt(
     if let Some(c) = restore
         && c.manifest.finished
     {
-        // The job had finished; only its last commits may be missing.
+        // The job had finished; only its last commits may be missing: opening a sink on the
+        // restored state finishes them.
         for (i, n) in g.nodes.iter().enumerate() {
-            if let NodeKind::Sink(SinkKind::File { path, format }) = &n.kind {
-                for s in 0..n.parallelism {
-                    let st = restored_state(i, s).and_then(|st| st.sink);
-                    FileSink::open(path, s, *format, st.as_ref()).map_err(|e| {
-                        setup(format!("sink `{}`: finishing the commit of {}: {e}", n.id, path.display()))
-                    })?;
+            for s in 0..n.parallelism {
+                let st = restored_state(i, s);
+                let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s) };
+                let finishing =
+                    |e: String| setup(format!("sink `{}` subtask {s}: finishing its last commit: {e}", n.id));
+                match &n.kind {
+                    NodeKind::Sink(SinkKind::File { path, format }) => {
+                        let sink = st.and_then(|st| st.sink);
+                        FileSink::open(path, s, *format, sink.as_ref())
+                            .map_err(|e| finishing(format!("{}: {e}", path.display())))?;
+                    }
+                    NodeKind::Sink(SinkKind::Kafka(target)) => {
+                        let blob = st.as_ref().map(|st| &st.operator_state[..]);
+                        let adopted = st.as_ref().map(|st| st.adopted_blobs.clone()).unwrap_or_default();
+                        match KafkaSink::open(target, KafkaOpening { subtask: s, restored: blob, adopted: &adopted }) {
+                            Ok(_) => {}
+                            Err(e) if attempt == 0 => return Err(finishing(e.to_string())),
+                            Err(e) => return Ok(AttemptEnd::Failed(kafka_failure(&id, e))),
+                        }
+                    }
+                    NodeKind::Sink(SinkKind::Postgres(target)) => {
+                        let sink = st.as_ref().and_then(|st| st.sink.clone());
+                        let adopted = st.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
+                        let opening = crate::connectors::postgres_sink::Opening {
+                            subtask: s,
+                            parallelism: n.parallelism,
+                            restored: sink.as_ref(),
+                            adopted: &adopted,
+                            checkpoint_interval: None,
+                        };
+                        match crate::connectors::postgres_sink::PostgresSink::open(target, opening) {
+                            Ok(_) => {}
+                            Err(e) if attempt == 0 => return Err(finishing(e.to_string())),
+                            Err(e) => return Ok(AttemptEnd::Failed(crate::runtime::sink::pg_failure(&id, e))),
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -788,6 +820,7 @@ fn run_attempt(
                         cancel: c,
                         checkpoints: participant,
                         termination: termination.clone(),
+                        aborted_early: Vec::new(),
                     })
                 }
             };
@@ -807,7 +840,9 @@ fn run_attempt(
                 settings: cfg.settings,
                 nodes: node_templates,
                 tasks: task_templates,
-                first_id: store.max_id().saturating_add(1),
+                // Ids grow past the restored checkpoint's too (a savepoint restored into another
+                // directory): a Kafka sink's commit markers rely on ids only increasing.
+                first_id: store.max_id().max(restore.map_or(0, |c| c.manifest.checkpoint_id)).saturating_add(1),
                 verbose: opts.progress.is_some(),
                 requests: opts.endpoint.as_ref().map(|e| e.requests.clone()),
                 graph: Arc::new(g.clone()),

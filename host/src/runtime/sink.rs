@@ -68,6 +68,9 @@ pub struct SinkTask {
     pub checkpoints: Option<Participant>,
     /// Records-in-flight accounting (jobs with loops only).
     pub termination: Option<Arc<LoopTermination>>,
+    /// Checkpoints aborted before their barrier got here: not pre-committed when it does
+    /// (nothing would ever complete or abort that transaction again).
+    pub aborted_early: Vec<CheckpointId>,
 }
 
 fn io_failure(task: &TaskId, what: &str, e: std::io::Error) -> TaskFailure {
@@ -114,6 +117,10 @@ impl SinkTask {
     }
 
     fn checkpoint(&mut self, id: CheckpointId, align_started: Option<Instant>) -> Result<(), TaskFailure> {
+        if let Some(i) = self.aborted_early.iter().position(|a| *a == id) {
+            self.aborted_early.drain(..=i);
+            return Ok(());
+        }
         let align_ms = align_started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         let t0 = Instant::now();
         let state = Self::precommit(&mut self.writer, &self.id, id)?;
@@ -149,10 +156,16 @@ impl SinkTask {
                 if aligner.on_cancel(id) {
                     *align_started = None;
                 }
-                match &mut self.writer {
+                let seen = match &mut self.writer {
                     SinkWriter::Postgres(pg) => pg.abort(id).map_err(|e| pg_failure(&self.id, e))?,
                     SinkWriter::Kafka(k) => k.abort(id).map_err(|e| kafka_failure(&self.id, e))?,
-                    _ => {}
+                    _ => true,
+                };
+                // Not pre-committed here yet: its barrier may still be on its way.
+                if !seen {
+                    self.aborted_early.push(id);
+                    let n = self.aborted_early.len();
+                    self.aborted_early.drain(..n.saturating_sub(16));
                 }
             }
             Control::Stop => return Ok(true),

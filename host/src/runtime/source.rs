@@ -275,6 +275,22 @@ impl SourceTask {
         let Some(mut p) = self.checkpoints.take() else { return Ok(()) };
         let final_state = std::sync::Arc::new(self.state());
         let (id, cancel) = (self.id.clone(), self.cancel.clone());
-        p.finish(&id, &cancel, |_| Ok(final_state.clone()), |_| Ok(()))
+        let reader = std::cell::RefCell::new(&mut self.reader);
+        let state = |c: crate::ids::CheckpointId| {
+            if let (SourceReader::Kafka(k), Some(SourcePosition::Kafka { partitions })) =
+                (&mut **reader.borrow_mut(), &final_state.source)
+            {
+                k.on_barrier(c.0, partitions.clone());
+            }
+            Ok(final_state.clone())
+        };
+        // The final checkpoints' offsets reach the Kafka consumer group too.
+        let complete = |c: crate::ids::CheckpointId| {
+            if let SourceReader::Kafka(k) = &mut **reader.borrow_mut() {
+                k.on_complete(c.0);
+            }
+            Ok(())
+        };
+        p.finish(&id, &cancel, state, complete)
     }
 }

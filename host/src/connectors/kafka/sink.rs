@@ -48,7 +48,7 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 /// What librdkafka reports on the producer's poll: the first failed delivery, and whether a
 /// connection to the broker dropped.
 #[derive(Default, Clone)]
-pub struct Deliveries(Arc<Mutex<Option<String>>>, Arc<AtomicBool>);
+pub struct Deliveries(Arc<Mutex<Option<(String, bool)>>>, Arc<AtomicBool>);
 
 impl ClientContext for Deliveries {
     fn error(&self, error: RdError, reason: &str) {
@@ -71,8 +71,10 @@ impl ProducerContext for Deliveries {
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if let Err((e, _)) = result {
+            let transient = super::is_outage(e)
+                || matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut));
             let mut first = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            first.get_or_insert_with(|| e.to_string());
+            first.get_or_insert_with(|| (e.to_string(), transient));
         }
     }
 }
@@ -108,7 +110,20 @@ impl KafkaSinkState {
         }
         let s: KafkaSinkState =
             bincode::deserialize(blob).map_err(|e| format!("the sink state does not decode: {e}"))?;
+        if bincode::serialized_size(&s).ok() != Some(blob.len() as u64) {
+            return Err("the sink state has bytes after its end".into());
+        }
+        // One transaction per subtask waits for its checkpoint at a time.
+        if s.pending.len() > 1 {
+            return Err(format!(
+                "the sink state holds {} pre-committed transactions, not at most one",
+                s.pending.len()
+            ));
+        }
         for t in &s.pending {
+            if t.checkpoint == 0 || t.checkpoint > i64::MAX as u64 {
+                return Err(format!("checkpoint id {} is out of range", t.checkpoint));
+            }
             let n = crate::record::validate(&t.bytes)
                 .map_err(|e| format!("the records of checkpoint {}'s transaction are malformed: {e}", t.checkpoint))?;
             if n != t.records {
@@ -158,6 +173,8 @@ pub struct KafkaSink {
     pending: Option<Pending>,
     /// Records that arrived while `pending` waits.
     deferred: Batch,
+    /// The newest checkpoint whose barrier came here.
+    last_precommit: Option<u64>,
 }
 
 impl KafkaSink {
@@ -165,25 +182,24 @@ impl KafkaSink {
     /// (its own and, after a rescale down, that of subtasks that no longer run).
     pub fn open(target: &KafkaTarget, o: Opening<'_>) -> Result<Self> {
         let deliveries = Deliveries::default();
-        let txns = if target.exactly_once {
+        let (producer, marker, partitions) = if target.exactly_once {
             let t = Txns::new(target, o.subtask, deliveries.clone())?;
+            let partitions = partition_count(&t.producer, target)?;
             for (old, blob) in o.adopted {
                 let state = KafkaSinkState::decode(blob).map_err(|e| restored_err(target, *old, &e))?;
+                // Initializing its id aborts what that subtask left open, even with nothing to recover.
                 let adopted = Txns::new(target, *old, Deliveries::default())?;
-                adopted.recover(target, &state)?;
+                adopted.recover(target, &state, subtask_partition(target, *old, partitions))?;
             }
             let state = KafkaSinkState::decode(o.restored.unwrap_or_default())
                 .map_err(|e| restored_err(target, o.subtask, &e))?;
-            t.recover(target, &state)?;
-            Some(t)
+            t.recover(target, &state, subtask_partition(target, o.subtask, partitions))?;
+            (t.producer, Some(t.marker), partitions)
         } else {
-            None
+            let p = producer(target, None, deliveries.clone())?;
+            let partitions = partition_count(&p, target)?;
+            (p, None, partitions)
         };
-        let (producer, marker) = match txns {
-            Some(t) => (t.producer, Some(t.marker)),
-            None => (producer(target, None, deliveries.clone())?, None),
-        };
-        let partitions = partition_count(&producer, target)?;
         Ok(KafkaSink {
             target: target.clone(),
             producer,
@@ -195,6 +211,7 @@ impl KafkaSink {
             current: Batch::default(),
             pending: None,
             deferred: Batch::default(),
+            last_precommit: None,
         })
     }
 
@@ -232,21 +249,18 @@ impl KafkaSink {
     }
 
     fn partition(&self) -> Option<i32> {
-        match self.target.partitioner {
-            KafkaPartitioner::Key => None,
-            KafkaPartitioner::Subtask => Some((self.subtask % self.partitions.max(1) as u32) as i32),
-        }
+        subtask_partition(&self.target, self.subtask, self.partitions)
     }
 
     fn check_deliveries(&self) -> Result<()> {
         let failed = self.deliveries.0.lock().unwrap_or_else(|e| e.into_inner()).take();
         match failed {
-            Some(e) => Err(KafkaError {
+            Some((e, transient)) => Err(KafkaError {
                 message: format!(
                     "writing to topic `{}` at broker {} failed: {e}",
                     self.target.topic, self.target.bootstrap
                 ),
-                transient: true,
+                transient,
             }),
             None => Ok(()),
         }
@@ -260,8 +274,17 @@ impl KafkaSink {
 
     /// Flushes and pre-commits for checkpoint `id`; returns the state to checkpoint.
     pub fn precommit(&mut self, id: CheckpointId) -> Result<Vec<u8>> {
+        self.last_precommit = Some(id.0);
         self.producer.flush(FLUSH_TIMEOUT).map_err(self.client("flushing"))?;
         self.check_deliveries()?;
+        if let Some(p) = &self.pending {
+            // After the end of input nothing waits for an outcome before the next barrier:
+            // the older transaction is still pending, and this checkpoint must carry it too
+            // (its completion commits it).
+            let t =
+                PendingTxn { checkpoint: p.checkpoint, records: p.records.len(), bytes: p.records.as_bytes().to_vec() };
+            return Ok(KafkaSinkState { pending: vec![t] }.encode());
+        }
         if self.marker.is_none() || !self.open {
             return Ok(Vec::new());
         }
@@ -299,16 +322,20 @@ impl KafkaSink {
     }
 
     /// Checkpoint `id` was aborted: its transaction is aborted and its records are written
-    /// again, into the next one, ahead of what waited.
-    pub fn abort(&mut self, id: CheckpointId) -> Result<()> {
-        if self.pending.as_ref().is_none_or(|p| p.checkpoint != id.0) {
-            return Ok(());
+    /// again, into the next one, ahead of what waited. Returns whether this sink had seen
+    /// that checkpoint's barrier.
+    pub fn abort(&mut self, id: CheckpointId) -> Result<bool> {
+        let seen = self.last_precommit.is_some_and(|l| l >= id.0);
+        // A newer pre-commit that carries the pending transaction decides its outcome.
+        if self.pending.as_ref().is_none_or(|p| p.checkpoint != id.0) || self.last_precommit != Some(id.0) {
+            return Ok(seen);
         }
         self.producer.abort_transaction(FLUSH_TIMEOUT).map_err(self.client("aborting"))?;
         let again = self.pending.take().expect("checked").records;
         let waited = std::mem::take(&mut self.deferred);
         self.send_all(&again)?;
-        self.send_all(&waited)
+        self.send_all(&waited)?;
+        Ok(true)
     }
 
     /// The open transaction lost its connection: aborts it and writes `records` again in a
@@ -385,11 +412,14 @@ impl Txns {
 
     /// Writes again, each in a transaction of its own with its marker, the restored
     /// pre-committed transactions that never committed.
-    fn recover(&self, target: &KafkaTarget, state: &KafkaSinkState) -> Result<()> {
-        if state.pending.is_empty() {
-            return Ok(());
-        }
+    ///
+    /// Then the marker is set to the restored transaction's checkpoint (0 without one): a
+    /// marker left by a run that went on past the restored checkpoint (and was rolled back)
+    /// must not cover this run's next checkpoints, whose ids continue from the restored one.
+    fn recover(&self, target: &KafkaTarget, state: &KafkaSinkState, partition: Option<i32>) -> Result<()> {
         let committed = self.committed_checkpoint(target)?;
+        let restored = state.pending.iter().map(|t| t.checkpoint).max().unwrap_or(0);
+        let mut marker = committed;
         let client = |what: &str| {
             let what = format!("{what} of `{}` (topic `{}`)", self.transactional_id, target.topic);
             move |e: RdError| KafkaError::from_client(&what, &target.bootstrap, &e)
@@ -398,16 +428,22 @@ impl Txns {
             let batch = Batch::from_validated(t.bytes.clone(), t.records);
             self.producer.begin_transaction().map_err(client("beginning the recovery transaction"))?;
             for r in batch.iter() {
-                send(&self.producer, target, None, r.timestamp, r.key, r.value)?;
+                send(&self.producer, target, partition, r.timestamp, r.key, r.value)?;
             }
             send_marker(&self.producer, &self.marker, target, t.checkpoint)?;
             self.producer.commit_transaction(FLUSH_TIMEOUT).map_err(client("committing the recovery transaction"))?;
+            marker = t.checkpoint;
             tracing::info!(
                 transactional_id = %self.transactional_id,
                 checkpoint = t.checkpoint,
                 records = t.records,
                 "kafka sink: committed the restored checkpoint's transaction again"
             );
+        }
+        if marker != restored {
+            self.producer.begin_transaction().map_err(client("beginning the marker transaction"))?;
+            send_marker(&self.producer, &self.marker, target, restored)?;
+            self.producer.commit_transaction(FLUSH_TIMEOUT).map_err(client("committing the marker"))?;
         }
         Ok(())
     }
@@ -418,6 +454,14 @@ fn restored_err(target: &KafkaTarget, subtask: u32, e: &str) -> KafkaError {
         "the restored state of sink subtask {subtask} (topic `{}`) is unusable: {e}; restore from another checkpoint",
         target.topic
     ))
+}
+
+/// The partition sink subtask `subtask` writes with the `subtask` partitioner (`None`: by key).
+fn subtask_partition(target: &KafkaTarget, subtask: u32, partitions: i32) -> Option<i32> {
+    match target.partitioner {
+        KafkaPartitioner::Key => None,
+        KafkaPartitioner::Subtask => Some((subtask % partitions.max(1) as u32) as i32),
+    }
 }
 
 /// A producer for `target`; transactional with `transactional_id`.
@@ -513,5 +557,14 @@ mod tests {
         torn.pending[0].bytes.truncate(30);
         assert!(KafkaSinkState::decode(&torn.encode()).unwrap_err().contains("malformed"));
         assert!(KafkaSinkState::decode(&[1, 2, 3]).is_err());
+        let mut two = s.clone();
+        two.pending.push(s.pending[0].clone());
+        assert!(KafkaSinkState::decode(&two.encode()).unwrap_err().contains("not at most one"));
+        let mut trailing = s.encode();
+        trailing.push(0);
+        assert!(KafkaSinkState::decode(&trailing).unwrap_err().contains("bytes after its end"));
+        let mut zero = s.clone();
+        zero.pending[0].checkpoint = 0;
+        assert!(KafkaSinkState::decode(&zero.encode()).unwrap_err().contains("out of range"));
     }
 }

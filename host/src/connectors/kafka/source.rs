@@ -93,22 +93,45 @@ impl KafkaReader {
             throttle: cfg.rate.map(Throttle::new),
         };
         let partitions = r.partitions(true)?;
-        let restored = restored.unwrap_or_default();
-        let mut fresh = Vec::new();
-        for (topic, partition) in partitions {
-            match restored.iter().find(|o| o.topic == topic && o.partition == partition) {
-                Some(o) => r.add(o.clone()),
-                None => fresh.push((topic, partition)),
+        // Checkpointed partitions of the configured topics that this subtask owns are read from
+        // their offsets even if the broker's metadata does not list them right now.
+        let wanted = r.selector()?;
+        for o in restored.unwrap_or_default() {
+            if owner(&o.topic, o.partition, parallelism) == subtask && wanted(&o.topic) {
+                r.add(o.clone());
             }
         }
         // Partitions the checkpoint does not know were created after it: from their start.
-        let start = if restored.is_empty() { cfg.start } else { KafkaStart::Earliest };
-        for (topic, partition) in fresh {
-            let pos = r.resolve(&topic, partition, start)?;
-            r.add(pos);
+        let start = if restored.is_some() { KafkaStart::Earliest } else { cfg.start };
+        for (topic, partition) in partitions {
+            if !r.has(&topic, partition) {
+                let pos = r.resolve(&topic, partition, start)?;
+                r.add(pos);
+            }
         }
         r.assign()?;
         Ok(r)
+    }
+
+    fn has(&self, topic: &str, partition: i32) -> bool {
+        self.parts.iter().any(|p| p.pos.topic == topic && p.pos.partition == partition)
+    }
+
+    /// Whether a topic is one this source reads.
+    fn selector(&self) -> Result<impl Fn(&str) -> bool + use<>> {
+        let (list, re) = match &self.cfg.topics {
+            KafkaTopics::List(l) => (Some(l.clone()), None),
+            KafkaTopics::Pattern(p) => (
+                None,
+                Some(
+                    regex::Regex::new(&format!("^(?:{p})$"))
+                        .map_err(|e| KafkaError::fatal(format!("topic_pattern `{p}`: {e}")))?,
+                ),
+            ),
+        };
+        Ok(move |t: &str| {
+            list.as_ref().is_some_and(|l| l.iter().any(|x| x == t)) || re.as_ref().is_some_and(|r| r.is_match(t))
+        })
     }
 
     fn metadata(&self) -> Result<Metadata> {
@@ -297,6 +320,7 @@ impl KafkaReader {
                     if super::is_outage(&e) {
                         // librdkafka reconnects by itself; the records wait in the broker.
                         tracing::debug!("kafka source: {e}");
+                        std::thread::sleep(Duration::from_millis(20));
                         break;
                     }
                     return Err(
@@ -326,6 +350,10 @@ impl KafkaReader {
             };
             out.emit(rec).map_err(KafkaSourceError::Disconnected)?;
             part.pos.next = m.offset() + 1;
+            if part.pos.stop.is_some_and(|s| part.pos.next >= s) {
+                part.done = true;
+                self.watermarks.finish(part.wm);
+            }
             let (wm, now) = (part.wm, self.clock.elapsed().as_millis() as u64);
             self.watermarks.record(wm, timestamp, now);
             n += 1;
@@ -380,7 +408,7 @@ impl KafkaReader {
         };
         let mut added = false;
         for (topic, partition) in found {
-            if self.parts.iter().any(|p| p.pos.topic == topic && p.pos.partition == partition) {
+            if self.has(&topic, partition) {
                 continue;
             }
             let pos = self.resolve(&topic, partition, KafkaStart::Earliest)?;
