@@ -47,7 +47,7 @@ const CSV_APPEND: &str = "format = \"csv\"\ndelimiter = \" \"\ncolumns = [\"k\",
                           inputs = [{ from = \"oracle\", partition = \"rebalance\" }]";
 
 /// Parses and runs a job file in-process.
-fn run(dir: &Path, toml: &str, faults: Option<Arc<FaultPlan>>) -> Result<RunSummary, String> {
+pub(crate) fn run(dir: &Path, toml: &str, faults: Option<Arc<FaultPlan>>) -> Result<RunSummary, String> {
     let path = dir.join("job.toml");
     std::fs::write(&path, toml).unwrap();
     let graph = job::parse(&path, toml).map_err(|e| e.to_string())?;

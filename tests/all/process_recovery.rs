@@ -266,6 +266,29 @@ fn rescale_restoring_a_checkpoint_at_another_operator_parallelism_keeps_exactly_
     assert_eq!(newest.manifest.operator("tokenize").unwrap().parallelism, 1);
 }
 
+/// Runs `job` with the real process, SIGKILLs it at up to two random moments after
+/// checkpoints (within `jitter_ms` of one completing), restarting it with `--restore latest`
+/// each time, then lets a last restore run to its end. Returns the number of kills (at least
+/// one is asserted).
+pub(crate) fn kill_twice_then_finish(job: &Path, store: &CheckpointStore, seed: u64, jitter_ms: u64) -> u32 {
+    let (mut kills, mut after, mut restore, mut s) = (0, 0, false, seed);
+    for _ in 0..2 {
+        let mut child = spawn(job, restore);
+        s = splitmix64(s);
+        if !kill_after_checkpoint(&mut child, store, after, s % jitter_ms) {
+            assert!(child.wait().unwrap().success());
+            break;
+        }
+        kills += 1;
+        after = store.max_id();
+        restore = true;
+    }
+    assert!(kills >= 1, "the job must have been killed at least once while running (seed {seed})");
+    let out = spawn(job, true).wait_with_output().unwrap();
+    assert!(out.status.success(), "restore run failed: {}", String::from_utf8_lossy(&out.stderr));
+    kills
+}
+
 /// The same with the PostgreSQL sink appending `(word, n)` rows: killed with SIGKILL at random
 /// moments (the killed process's open transaction dies with its connection, its prepared ones
 /// linger), restarted with `--restore latest`: the table holds every `w k` row exactly once and
@@ -284,21 +307,7 @@ fn connector_postgres_sigkill_then_restore_latest_leaves_the_failure_free_table(
     );
     let job = job_into(dir.path(), "wc-kill-pg", &sink);
     let store = CheckpointStore::new(&dir.path().join("checkpoints"), "wc-kill-pg");
-    let (mut kills, mut after, mut restore, mut s) = (0, 0, false, seed);
-    for _ in 0..2 {
-        let mut child = spawn(&job, restore);
-        s = splitmix64(s);
-        if !kill_after_checkpoint(&mut child, &store, after, s % 150) {
-            assert!(child.wait().unwrap().success());
-            break;
-        }
-        kills += 1;
-        after = store.max_id();
-        restore = true;
-    }
-    assert!(kills >= 1, "the job must have been killed at least once while running (seed {seed})");
-    let out = spawn(&job, true).wait_with_output().unwrap();
-    assert!(out.status.success(), "restore run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let kills = kill_twice_then_finish(&job, &store, seed, 150);
     let mut got: Vec<String> =
         (pg.client().query("SELECT word || ' ' || n FROM wc", &[]).unwrap().iter()).map(|r| r.get(0)).collect();
     got.sort();

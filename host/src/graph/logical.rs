@@ -304,6 +304,8 @@ pub struct KafkaTarget {
     pub transaction_timeout_ms: u64,
     /// How records pick partitions.
     pub partitioner: KafkaPartitioner,
+    /// Kafka timestamps are the records' event time (else the producer's clock).
+    pub event_timestamps: bool,
 }
 
 /// How a Kafka sink's records pick partitions.

@@ -241,6 +241,9 @@ pub struct SinkSpec {
     /// kafka: `key` (default) or `subtask`.
     #[serde(default)]
     pub partitioner: Option<Spanned<String>>,
+    /// kafka: `event` (default: the record's event time) or `now` (the producer's clock).
+    #[serde(default)]
+    pub timestamps: Option<Spanned<String>>,
     /// Where records come from.
     #[serde(default)]
     pub inputs: Vec<InputSpec>,

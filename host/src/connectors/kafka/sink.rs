@@ -501,7 +501,10 @@ fn send(
     key: &[u8],
     value: &[u8],
 ) -> Result<()> {
-    let mut r = BaseRecord::to(&target.topic).payload(value).timestamp(timestamp);
+    let mut r = BaseRecord::to(&target.topic).payload(value);
+    if target.event_timestamps {
+        r = r.timestamp(timestamp);
+    }
     if !key.is_empty() {
         r = r.key(key);
     }

@@ -45,6 +45,7 @@ pub(super) fn sink_only(s: &SinkSpec) -> Option<(&'static str, Range<usize>)> {
         ("delivery", s.delivery.as_ref().map(|v| v.span())),
         ("transaction_timeout_ms", s.transaction_timeout_ms.as_ref().map(|v| v.span())),
         ("partitioner", s.partitioner.as_ref().map(|v| v.span())),
+        ("timestamps", s.timestamps.as_ref().map(|v| v.span())),
     ]
     .into_iter()
     .find_map(|(n, span)| span.map(|sp| (n, sp)))
@@ -185,6 +186,16 @@ pub(super) fn sink(cx: &Ctx<'_>, s: &SinkSpec, id: &str, job: &str) -> Result<(K
             return cx.err(span, format!("{what}: unknown partitioner `{other}`; use `key` or `subtask`"));
         }
     };
+    let event_timestamps = match s.timestamps.as_ref().map(|v| (v.get_ref().as_str(), v.span())) {
+        None | Some(("event", _)) => true,
+        Some(("now", _)) => false,
+        Some((other, span)) => {
+            return cx.err(
+                span,
+                format!("{what}: unknown timestamps `{other}`; use `event` (the record's event time) or `now`"),
+            );
+        }
+    };
     let transaction_prefix = match &s.transaction_prefix {
         Some(p) => {
             let t = p.get_ref();
@@ -210,6 +221,7 @@ pub(super) fn sink(cx: &Ctx<'_>, s: &SinkSpec, id: &str, job: &str) -> Result<(K
         transaction_prefix,
         transaction_timeout_ms,
         partitioner,
+        event_timestamps,
     };
     Ok((target, delivery))
 }
