@@ -57,6 +57,7 @@ mod info;
 mod operator;
 mod record;
 mod state;
+pub mod window;
 
 /// The state value encoding (bincode 1.x defaults, see the WIT), for `migrate_value`.
 pub use bincode;
