@@ -311,6 +311,8 @@ impl KafkaReader {
         }
         let mut n = 0;
         let mut wait = Duration::from_millis(20);
+        // One clock reading per batch for the partitions' activity (not one per record).
+        let now = self.now_ms();
         while n < max {
             let Some(m) = self.consumer.poll(wait) else { break };
             wait = Duration::ZERO;
@@ -354,8 +356,7 @@ impl KafkaReader {
                 part.done = true;
                 self.watermarks.finish(part.wm);
             }
-            let (wm, now) = (part.wm, self.clock.elapsed().as_millis() as u64);
-            self.watermarks.record(wm, timestamp, now);
+            self.watermarks.record(part.wm, timestamp, now);
             n += 1;
         }
         if let Some(t) = self.throttle.as_mut() {

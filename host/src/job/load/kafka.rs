@@ -19,9 +19,8 @@ const MAX_TOPIC: usize = 249;
 
 /// The first option of `kafka` sources that `s` sets: (name, where).
 pub(super) fn source_only(s: &SourceSpec) -> Option<(&'static str, Range<usize>)> {
-    let span = |o: Option<Range<usize>>| o;
     [
-        ("bootstrap_servers", span(s.bootstrap_servers.as_ref().map(|v| v.span()))),
+        ("bootstrap_servers", s.bootstrap_servers.as_ref().map(|v| v.span())),
         ("topics", s.topics.as_ref().map(|v| v.span())),
         ("topic_pattern", s.topic_pattern.as_ref().map(|v| v.span())),
         ("start", s.start.as_ref().map(|v| v.span())),
