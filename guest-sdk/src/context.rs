@@ -35,6 +35,9 @@ pub(crate) struct Runtime {
     pub blob_hint: (Vec<usize>, Vec<usize>),
     /// A snapshot being handed out in chunks.
     pub snapshot: Option<crate::driver::InProgress>,
+    /// The watermark of the last `on-watermark` call (what windows decide lateness by; the
+    /// host fires due timers before that call, so it never runs ahead of them).
+    pub watermark: i64,
 }
 
 impl Runtime {
@@ -47,6 +50,7 @@ impl Runtime {
             operator_states: Vec::new(),
             blob_hint: (Vec::new(), Vec::new()),
             snapshot: None,
+            watermark: i64::MIN,
         }
     }
 

@@ -132,6 +132,7 @@ pub fn on_timer<Op: Operator>(slot: &Slot<Op>, domain: TimeDomain, timers: Vec<u
 /// `on-watermark` export.
 pub fn on_watermark<Op: Operator>(slot: &Slot<Op>, watermark: i64) -> Result<(), String> {
     let inst = slot.instance()?;
+    inst.rt.watermark = watermark;
     let mut ctx = Context { rt: &mut inst.rt, slot: None, key_group: NO_KEY_GROUP, key: &[], timestamp: watermark };
     let r = inst.op.on_watermark(&mut ctx, watermark);
     inst.rt.flush();

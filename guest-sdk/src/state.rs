@@ -88,7 +88,7 @@ impl<V> KeyedTable<V> {
     }
 
     #[inline]
-    fn get(&self, slot: usize, key: &[u8]) -> Option<&V> {
+    pub(crate) fn get(&self, slot: usize, key: &[u8]) -> Option<&V> {
         self.groups[slot].get(key).map(|e| &e.value)
     }
 
@@ -116,7 +116,7 @@ impl<V> KeyedTable<V> {
     }
 
     #[inline]
-    fn get_mut(&mut self, slot: usize, key: &[u8]) -> Option<&mut V> {
+    pub(crate) fn get_mut(&mut self, slot: usize, key: &[u8]) -> Option<&mut V> {
         let e = self.groups[slot].get_mut(key)?;
         if e.stamp != self.epoch {
             Self::preserve(&mut self.frozen, self.encode, slot, key, e);
@@ -127,7 +127,7 @@ impl<V> KeyedTable<V> {
     }
 
     #[inline]
-    fn insert(&mut self, slot: usize, key: &[u8], value: V) {
+    pub(crate) fn insert(&mut self, slot: usize, key: &[u8], value: V) {
         self.dirty[slot] = true;
         let epoch = self.epoch;
         if let Some(old) = self.groups[slot].insert(key.into(), Entry { value, stamp: epoch })
@@ -138,7 +138,7 @@ impl<V> KeyedTable<V> {
     }
 
     #[inline]
-    fn remove(&mut self, slot: usize, key: &[u8]) -> Option<V> {
+    pub(crate) fn remove(&mut self, slot: usize, key: &[u8]) -> Option<V> {
         let (k, e) = self.groups[slot].remove_entry(key)?;
         if e.stamp != self.epoch {
             Self::preserve(&mut self.frozen, self.encode, slot, key, &e);

@@ -21,3 +21,4 @@ mod record_errors;
 mod sandbox;
 mod savepoints;
 mod support;
+mod windows;

@@ -28,6 +28,7 @@ const GUESTS: &[&str] = &[
     "test-hostile",
     "test-oracle-join",
     "test-loop-oracle",
+    "test-windows",
     "iterate-split",
     "iterate-components",
     "bench-kv-store",

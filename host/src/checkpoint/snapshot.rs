@@ -49,6 +49,19 @@ pub enum SourcePosition {
         /// Offsets by partition.
         partitions: Vec<KafkaOffset>,
     },
+    /// A file with event time from a column: the position, and the watermark state, so a
+    /// restored source announces the watermark its downstream had at the barrier before any
+    /// record, and late records stay late (appended last: older checkpoints decode).
+    TimedFile {
+        /// Byte offset.
+        offset: u64,
+        /// Line number.
+        line: u64,
+        /// Largest timestamp read.
+        max_timestamp: i64,
+        /// The last watermark emitted.
+        watermark: i64,
+    },
 }
 
 /// A Kafka partition's read position.

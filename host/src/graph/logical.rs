@@ -130,6 +130,16 @@ pub enum NodeKind {
     Sink(SinkKind),
 }
 
+/// A file source's event time: an integer column (milliseconds), and watermarks that trail
+/// the largest timestamp read by a bound on out-of-orderness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTimeColumn {
+    /// 0-based comma-separated column holding the timestamp.
+    pub column: u32,
+    /// Watermark = largest timestamp read minus this.
+    pub watermark_delay_ms: u64,
+}
+
 /// Sources.
 #[derive(Debug, Clone)]
 pub enum SourceKind {
@@ -141,6 +151,8 @@ pub enum SourceKind {
         key_column: Option<u32>,
         /// Lines per second per subtask (unlimited when absent).
         rate: Option<u64>,
+        /// Event time from a column, with watermarks (else: the line number, no watermarks).
+        event_time: Option<EventTimeColumn>,
     },
     /// Deterministic generator.
     Generator(GeneratorConfig),

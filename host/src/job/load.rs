@@ -11,8 +11,8 @@ use toml::Spanned;
 
 use crate::checkpoint::coordinator::CheckpointSettings;
 use crate::graph::logical::{
-    CheckpointConfig, Edge, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OnError, OperatorNode,
-    PostgresTarget, Side, SinkFormat, SinkKind, SourceKind, ValueFormat,
+    CheckpointConfig, Edge, EventTimeColumn, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OnError,
+    OperatorNode, PostgresTarget, Side, SinkFormat, SinkKind, SourceKind, ValueFormat,
 };
 use crate::graph::partition::Partition;
 use crate::ids::NodeId;
@@ -200,6 +200,16 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         {
             return cx.err(span, format!("source `{id}`: `{option}` is an option of `kafka` sources only"));
         }
+        let kind_name = s.kind.get_ref().as_str();
+        if let Some(c) = s.timestamp_column.as_ref().filter(|_| kind_name != "file") {
+            return cx.err(c.span(), format!("source `{id}`: `timestamp_column` is an option of `file` sources only"));
+        }
+        if let Some(d) = s.watermark_delay_ms.as_ref().filter(|_| !matches!(kind_name, "file" | "kafka")) {
+            return cx.err(
+                d.span(),
+                format!("source `{id}`: `watermark_delay_ms` is an option of `file` and `kafka` sources only"),
+            );
+        }
         let p = parallelism(cx, &s.parallelism, 1, max_p, id.as_str())?;
         let line = cx.line(s.id.span()).unwrap_or(0);
         let kind = match s.kind.get_ref().as_str() {
@@ -212,10 +222,27 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     return cx
                         .err(path.span(), format!("file source `{id}`: input file {} does not exist", full.display()));
                 }
+                let event_time = match (&s.timestamp_column, &s.watermark_delay_ms) {
+                    (None, Some(d)) => {
+                        return cx.err(
+                            d.span(),
+                            format!(
+                                "file source `{id}`: `watermark_delay_ms` needs `timestamp_column = <column>` \
+                                 (without it, record times are line numbers and there are no watermarks)"
+                            ),
+                        );
+                    }
+                    (None, None) => None,
+                    (Some(c), d) => Some(EventTimeColumn {
+                        column: *c.get_ref(),
+                        watermark_delay_ms: d.as_ref().map_or(0, |d| *d.get_ref()),
+                    }),
+                };
                 SourceKind::File {
                     path: full,
                     key_column: s.key_column.as_ref().map(|k| *k.get_ref()),
                     rate: s.rate.as_ref().map(|v| *v.get_ref()).filter(|&r| r > 0),
+                    event_time,
                 }
             }
             "stdin" if p > 1 => {

@@ -104,6 +104,9 @@ pub struct SourceSpec {
     /// file: use this 0-based comma-separated column as the record key.
     #[serde(default)]
     pub key_column: Option<Spanned<u32>>,
+    /// file: event time (ms) = this 0-based comma-separated column; with watermarks.
+    #[serde(default)]
+    pub timestamp_column: Option<Spanned<u32>>,
     /// generator: number of records.
     #[serde(default)]
     pub count: Option<Spanned<u64>>,
@@ -150,7 +153,8 @@ pub struct SourceSpec {
     /// kafka: a partition silent this long stops holding back the watermark (0: never).
     #[serde(default)]
     pub idle_timeout_ms: Option<Spanned<u64>>,
-    /// kafka: watermark lag behind the smallest per-partition maximum timestamp.
+    /// kafka and file (with `timestamp_column`): how far the watermark trails the largest
+    /// timestamp read (kafka: the smallest per-partition maximum).
     #[serde(default)]
     pub watermark_delay_ms: Option<Spanned<u64>>,
     /// kafka: `read_committed` (default) or `read_uncommitted`.

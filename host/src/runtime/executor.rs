@@ -663,11 +663,11 @@ fn run_attempt(
                     let mut reader = match kind {
                         SourceKind::Generator(cfg) => SourceReader::Generator(Generator::new(*cfg, s, n.parallelism)),
                         SourceKind::Stdin => SourceReader::File(FileSource::stdin(s, n.parallelism)),
-                        SourceKind::File { path, key_column, rate } => {
-                            SourceReader::File(FileSource::open(path, s, n.parallelism, *key_column, *rate).map_err(
-                                |e| setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display())),
-                            )?)
-                        }
+                        SourceKind::File { path, key_column, rate, event_time } => SourceReader::File(
+                            FileSource::open(path, s, n.parallelism, *key_column, *rate)
+                                .map_err(|e| setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display())))?
+                                .with_event_time(*event_time),
+                        ),
                         SourceKind::Kafka(cfg) => {
                             let offsets = match restored.as_ref().and_then(|st| st.source.as_ref()) {
                                 Some(SourcePosition::Kafka { partitions }) => Some(&partitions[..]),

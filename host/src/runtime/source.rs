@@ -37,7 +37,12 @@ impl SourceReader {
             SourceReader::Generator(g) => SourcePosition::Generator { next: g.position() },
             SourceReader::File(f) => {
                 let (offset, line) = f.position();
-                SourcePosition::File { offset, line }
+                match f.watermark_state() {
+                    None => SourcePosition::File { offset, line },
+                    Some((max_timestamp, watermark)) => {
+                        SourcePosition::TimedFile { offset, line, max_timestamp, watermark }
+                    }
+                }
             }
             SourceReader::Kafka(k) => SourcePosition::Kafka { partitions: k.position() },
         }
@@ -52,6 +57,11 @@ impl SourceReader {
             }
             (SourceReader::File(f), SourcePosition::File { offset, line }) => {
                 f.seek(offset, line).map_err(|e| format!("cannot seek the input to byte {offset}: {e}"))
+            }
+            (SourceReader::File(f), SourcePosition::TimedFile { offset, line, max_timestamp, watermark }) => {
+                f.seek(offset, line).map_err(|e| format!("cannot seek the input to byte {offset}: {e}"))?;
+                f.restore_watermark(max_timestamp, watermark);
+                Ok(())
             }
             (_, pos) => Err(format!("the checkpoint holds a position of another source type: {pos:?}")),
         }
@@ -216,6 +226,12 @@ impl SourceTask {
     /// checkpoint is complete).
     pub fn run(mut self) -> Result<(), TaskFailure> {
         let mut batches = 0u32;
+        if let SourceReader::File(f) = &mut self.reader
+            && let Some(wm) = f.watermark()
+        {
+            // A restored watermark goes out before any record.
+            self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
+        }
         loop {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskFailure::Cancelled { task: self.id.clone() });
@@ -233,6 +249,7 @@ impl SourceTask {
                         message: format!("reading the input failed: {e}"),
                     },
                     FileSourceError::Disconnected(_) => TaskFailure::Disconnected { task: self.id.clone() },
+                    FileSourceError::Timestamp(message) => TaskFailure::Connector { task: self.id.clone(), message },
                 })?,
                 SourceReader::Kafka(k) => {
                     let n = k.emit(self.batch_size, &mut self.output).map_err(|e| match e {
@@ -255,6 +272,11 @@ impl SourceTask {
             }
             self.counters.add_out(n as u64, 0);
             batches += 1;
+            if let SourceReader::File(f) = &mut self.reader
+                && let Some(wm) = f.watermark()
+            {
+                self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
+            }
             if let SourceReader::Generator(g) = &self.reader
                 && batches.is_multiple_of(WATERMARK_EVERY)
             {

@@ -29,7 +29,6 @@ pub(super) fn source_only(s: &SourceSpec) -> Option<(&'static str, Range<usize>)
         ("bounded", s.bounded.as_ref().map(|v| v.span())),
         ("discovery_interval_ms", s.discovery_interval_ms.as_ref().map(|v| v.span())),
         ("idle_timeout_ms", s.idle_timeout_ms.as_ref().map(|v| v.span())),
-        ("watermark_delay_ms", s.watermark_delay_ms.as_ref().map(|v| v.span())),
         ("isolation", s.isolation.as_ref().map(|v| v.span())),
     ]
     .into_iter()

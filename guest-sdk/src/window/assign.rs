@@ -1,13 +1,15 @@
-//! Event-time window assignment, as pure functions: which windows a timestamp belongs to
-//! (tumbling, sliding), and how session windows merge. The window operators build on these;
-//! keeping the arithmetic here makes its edge cases (negative timestamps, offsets, the last
-//! millisecond of a window, overflow near `i64::MAX`) testable without a host.
+//! Window assignment, as pure functions: which windows a timestamp belongs to (tumbling,
+//! sliding), and how session windows merge. Keeping the arithmetic here makes its edge cases
+//! (negative timestamps, offsets, the last millisecond of a window, overflow near `i64::MAX`)
+//! testable without a host.
 //!
 //! Windows are half-open, `[start, end)`, in milliseconds, as in Flink: a record at `end` is in
 //! the next window. A window is complete when the watermark reaches `end - 1`.
 
+use serde::{Deserialize, Serialize};
+
 /// One window, `[start, end)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Window {
     /// First millisecond in the window.
     pub start: i64,
@@ -36,6 +38,8 @@ impl std::fmt::Display for WindowError {
         f.write_str(&self.0)
     }
 }
+
+impl std::error::Error for WindowError {}
 
 /// The start of the window of `size` (shifted by `offset`) that holds `ts`: the largest
 /// `start <= ts` with `start ≡ offset (mod size)`, for negative timestamps too.
@@ -159,6 +163,35 @@ impl Sessions {
         let at = open.partition_point(|w| w.start < merged.start);
         open.insert(at, merged);
         (merged, absorbed)
+    }
+}
+
+/// How records are assigned to windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assigner {
+    /// [`Tumbling`] windows.
+    Tumbling(Tumbling),
+    /// [`Sliding`] windows.
+    Sliding(Sliding),
+    /// [`Sessions`] (merging windows).
+    Sessions(Sessions),
+}
+
+impl From<Tumbling> for Assigner {
+    fn from(t: Tumbling) -> Self {
+        Assigner::Tumbling(t)
+    }
+}
+
+impl From<Sliding> for Assigner {
+    fn from(s: Sliding) -> Self {
+        Assigner::Sliding(s)
+    }
+}
+
+impl From<Sessions> for Assigner {
+    fn from(s: Sessions) -> Self {
+        Assigner::Sessions(s)
     }
 }
 
