@@ -54,6 +54,7 @@ mod error;
 pub mod format;
 mod hash;
 mod info;
+pub mod nexmark;
 mod operator;
 mod record;
 mod state;

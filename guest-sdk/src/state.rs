@@ -374,6 +374,12 @@ impl<T> ValueState<T> {
     pub fn clear(&self, ctx: &Context<'_>) {
         self.table.borrow_mut().remove(ctx.slot(), ctx.key());
     }
+
+    /// Removes the current key's value and returns it.
+    #[inline]
+    pub fn take(&self, ctx: &Context<'_>) -> Option<T> {
+        self.table.borrow_mut().remove(ctx.slot(), ctx.key())
+    }
 }
 
 /// A list of `T` per key.

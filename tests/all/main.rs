@@ -13,6 +13,7 @@ mod kafka;
 mod kafka_jobs;
 mod lang;
 mod newcomer;
+mod nexmark;
 mod ops;
 mod pg;
 mod process_recovery;

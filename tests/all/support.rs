@@ -32,6 +32,8 @@ const GUESTS: &[&str] = &[
     "iterate-split",
     "iterate-components",
     "bench-kv-store",
+    "nexmark-queries",
+    "nexmark-stateless",
 ];
 
 /// Builds every guest component once per test run; returns their directory.

@@ -608,7 +608,7 @@ fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
             NodeKind::Source(SourceKind::Stdin) => {
                 return Err(format!("source `{}`: a server has no stdin to give; upload a file", n.id));
             }
-            NodeKind::Source(SourceKind::Generator(_)) => {}
+            NodeKind::Source(SourceKind::Generator(_) | SourceKind::Nexmark(_)) => {}
             NodeKind::Sink(SinkKind::File { path, .. }) => inside(path, &format!("sink `{}` path", n.id))?,
             NodeKind::Sink(SinkKind::Stdout { .. }) => {
                 return Err(format!("sink `{}`: a server's stdout is shared; use a file sink", n.id));

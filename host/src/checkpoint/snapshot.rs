@@ -62,6 +62,11 @@ pub enum SourcePosition {
         /// The last watermark emitted.
         watermark: i64,
     },
+    /// The next stream position of a Nexmark source (appended last: older checkpoints decode).
+    Nexmark {
+        /// Next position.
+        next: u64,
+    },
 }
 
 /// A Kafka partition's read position.

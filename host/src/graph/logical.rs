@@ -160,6 +160,8 @@ pub enum SourceKind {
     Stdin,
     /// Records of Kafka topics; offsets in checkpoints.
     Kafka(KafkaSource),
+    /// Nexmark events (persons, auctions, bids), generated.
+    Nexmark(crate::connectors::nexmark::NexmarkConfig),
 }
 
 /// A Kafka source's topics, start, bounds and watermarks.

@@ -21,6 +21,7 @@ use crate::runtime::restart::RestartStrategy;
 use crate::sandbox::limits::{CEILING, Limits};
 
 mod kafka;
+mod nexmark;
 
 /// Host ceiling of `[job] batch_size` (records per batch): a batch is buffered per edge and
 /// channel slot, so the two ceilings bound what a job's channels can hold.
@@ -283,10 +284,13 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 })
             }
             "kafka" => SourceKind::Kafka(kafka::source(cx, s, id.as_str(), &name)?),
+            "nexmark" => SourceKind::Nexmark(nexmark::source(cx, s, id.as_str())?),
             other => {
                 return cx.err(
                     s.kind.span(),
-                    format!("source `{id}`: unknown type `{other}`; use `file`, `generator`, `stdin` or `kafka`"),
+                    format!(
+                        "source `{id}`: unknown type `{other}`; use `file`, `generator`, `stdin`, `kafka` or `nexmark`"
+                    ),
                 );
             }
         };

@@ -107,6 +107,15 @@ pub struct SourceSpec {
     /// file: event time (ms) = this 0-based comma-separated column; with watermarks.
     #[serde(default)]
     pub timestamp_column: Option<Spanned<u32>>,
+    /// nexmark: event-time rate, events per second (spacing of timestamps).
+    #[serde(default)]
+    pub events_per_second: Option<Spanned<u64>>,
+    /// nexmark: timestamp of the first event, ms since the epoch.
+    #[serde(default)]
+    pub base_time_ms: Option<Spanned<i64>>,
+    /// nexmark: positions shuffled within groups of this many (1: in order).
+    #[serde(default)]
+    pub out_of_order_group_size: Option<Spanned<u64>>,
     /// generator: number of records.
     #[serde(default)]
     pub count: Option<Spanned<u64>>,

@@ -31,6 +31,7 @@ use crate::connectors::file_source::FileSource;
 use crate::connectors::generator::Generator;
 use crate::connectors::kafka::sink::{KafkaSink, Opening as KafkaOpening};
 use crate::connectors::kafka::source::KafkaReader;
+use crate::connectors::nexmark::NexmarkSource;
 use crate::graph::logical::{NodeKind, SinkKind, SourceKind};
 use crate::graph::partition::Partition;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
@@ -663,6 +664,7 @@ fn run_attempt(
                     let mut reader = match kind {
                         SourceKind::Generator(cfg) => SourceReader::Generator(Generator::new(*cfg, s, n.parallelism)),
                         SourceKind::Stdin => SourceReader::File(FileSource::stdin(s, n.parallelism)),
+                        SourceKind::Nexmark(cfg) => SourceReader::Nexmark(NexmarkSource::new(*cfg, s, n.parallelism)),
                         SourceKind::File { path, key_column, rate, event_time } => SourceReader::File(
                             FileSource::open(path, s, n.parallelism, *key_column, *rate)
                                 .map_err(|e| setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display())))?

@@ -12,6 +12,7 @@ use crate::checkpoint::snapshot::{SourcePosition, SubtaskState};
 use crate::connectors::file_source::{FileSource, FileSourceError};
 use crate::connectors::generator::Generator;
 use crate::connectors::kafka::source::{KafkaReader, KafkaSourceError};
+use crate::connectors::nexmark::NexmarkSource;
 use crate::ids::TaskId;
 use crate::runtime::error::TaskFailure;
 use crate::runtime::message::Message;
@@ -28,6 +29,8 @@ pub enum SourceReader {
     File(FileSource),
     /// Kafka partitions (positioned at open).
     Kafka(Box<KafkaReader>),
+    /// Nexmark events.
+    Nexmark(NexmarkSource),
 }
 
 impl SourceReader {
@@ -45,6 +48,7 @@ impl SourceReader {
                 }
             }
             SourceReader::Kafka(k) => SourcePosition::Kafka { partitions: k.position() },
+            SourceReader::Nexmark(x) => SourcePosition::Nexmark { next: x.position() },
         }
     }
 
@@ -61,6 +65,10 @@ impl SourceReader {
             (SourceReader::File(f), SourcePosition::TimedFile { offset, line, max_timestamp, watermark }) => {
                 f.seek(offset, line).map_err(|e| format!("cannot seek the input to byte {offset}: {e}"))?;
                 f.restore_watermark(max_timestamp, watermark);
+                Ok(())
+            }
+            (SourceReader::Nexmark(x), SourcePosition::Nexmark { next }) => {
+                x.seek(next);
                 Ok(())
             }
             (_, pos) => Err(format!("the checkpoint holds a position of another source type: {pos:?}")),
@@ -222,14 +230,21 @@ impl SourceTask {
         Ok(Flow::Go)
     }
 
+    /// A watermark the file or Nexmark reader has moved to since it was last asked.
+    fn reader_watermark(&mut self) -> Option<i64> {
+        match &mut self.reader {
+            SourceReader::File(f) => f.watermark(),
+            SourceReader::Nexmark(x) => x.watermark(),
+            _ => None,
+        }
+    }
+
     /// Runs the source to exhaustion (and, with checkpointing, until the job's final
     /// checkpoint is complete).
     pub fn run(mut self) -> Result<(), TaskFailure> {
         let mut batches = 0u32;
-        if let SourceReader::File(f) = &mut self.reader
-            && let Some(wm) = f.watermark()
-        {
-            // A restored watermark goes out before any record.
+        // A restored watermark goes out before any record.
+        if let Some(wm) = self.reader_watermark() {
             self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
         }
         loop {
@@ -251,6 +266,9 @@ impl SourceTask {
                     FileSourceError::Disconnected(_) => TaskFailure::Disconnected { task: self.id.clone() },
                     FileSourceError::Timestamp(message) => TaskFailure::Connector { task: self.id.clone(), message },
                 })?,
+                SourceReader::Nexmark(x) => x
+                    .emit(self.batch_size, &mut self.output)
+                    .map_err(|_| TaskFailure::Disconnected { task: self.id.clone() })?,
                 SourceReader::Kafka(k) => {
                     let n = k.emit(self.batch_size, &mut self.output).map_err(|e| match e {
                         KafkaSourceError::Kafka(e) => kafka_failure(&self.id, e),
@@ -272,9 +290,7 @@ impl SourceTask {
             }
             self.counters.add_out(n as u64, 0);
             batches += 1;
-            if let SourceReader::File(f) = &mut self.reader
-                && let Some(wm) = f.watermark()
-            {
+            if let Some(wm) = self.reader_watermark() {
                 self.output.broadcast(|| Message::Watermark(wm)).map_err(|_| self.disconnected())?;
             }
             if let SourceReader::Generator(g) = &self.reader

@@ -1,0 +1,75 @@
+//! The stateless queries: q0 (pass-through), q1 (currency conversion), q2 (selection).
+
+use weir_guest::nexmark::{self, Event};
+use weir_guest::{Context, Error, Record, Result, push_u64};
+
+use crate::{Stage, not_an_event};
+
+/// q0: every bid, as `auction,bidder,price,date_time,extra` (the cost of reading and writing
+/// the stream).
+pub struct Q0;
+
+impl Stage for Q0 {
+    fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
+        if let Event::Bid(b) = nexmark::decode(rec.value).map_err(|e| not_an_event("q0", e))? {
+            ctx.emit_with(rec.key, |v| {
+                for n in [b.auction, b.bidder, b.price] {
+                    push_u64(v, n);
+                    v.push(b',');
+                }
+                v.extend_from_slice(b.date_time.to_string().as_bytes());
+                v.push(b',');
+                v.extend_from_slice(b.extra.as_bytes());
+            });
+        }
+        Ok(())
+    }
+}
+
+/// q1: bids with the price converted to euros, `auction,bidder,0.908 * price,date_time`.
+pub struct Q1;
+
+impl Stage for Q1 {
+    fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
+        if nexmark::kind(rec.value) != Some(nexmark::BID) {
+            return check_event("q1", rec.value);
+        }
+        let b = nexmark::bid(rec.value).ok_or_else(|| not_an_event("q1", Error::msg("a short bid")))?;
+        let line = format!("{},{},{},{}", b.auction, b.bidder, euros(b.price), b.date_time);
+        ctx.emit(rec.key, line.as_bytes());
+        Ok(())
+    }
+}
+
+/// `0.908 * price` (cents), as q1 defines it.
+pub fn euros(price: u64) -> f64 {
+    0.908 * price as f64
+}
+
+/// q2: `auction,price` of the bids on auctions whose id is a multiple of 123.
+pub struct Q2;
+
+impl Stage for Q2 {
+    fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
+        if nexmark::kind(rec.value) != Some(nexmark::BID) {
+            return check_event("q2", rec.value);
+        }
+        let b = nexmark::bid(rec.value).ok_or_else(|| not_an_event("q2", Error::msg("a short bid")))?;
+        if b.auction % 123 == 0 {
+            ctx.emit_with(rec.key, |v| {
+                push_u64(v, b.auction);
+                v.push(b',');
+                push_u64(v, b.price);
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Persons and auctions are skipped by the bid queries, anything else is refused.
+fn check_event(stage: &str, value: &[u8]) -> Result<()> {
+    match nexmark::kind(value) {
+        Some(nexmark::PERSON | nexmark::AUCTION) => Ok(()),
+        _ => nexmark::decode(value).map(|_| ()).map_err(|e| not_an_event(stage, e)),
+    }
+}

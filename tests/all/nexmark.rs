@@ -1,0 +1,285 @@
+//! Nexmark: the shipped query jobs (`examples/nexmark/q*.toml`) run on a small seeded stream,
+//! at parallelism 2 with out-of-order event groups, and their output must equal a reference
+//! implementation: the obvious single-threaded loop over the same events (taken from the
+//! host's generator), with no windows library. Then again under seeded failures.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use weir::connectors::nexmark::generator::Params;
+use weir::connectors::nexmark::model::{Auction, Bid, Event};
+use weir::runtime::faults::{FaultKind, FaultPlan};
+
+use crate::support::{committed_lines, component, root, scratch, toml_path};
+
+const COUNT: u64 = 20_000;
+const EVENTS_PER_SECOND: u64 = 250;
+const GROUP: u64 = 16;
+const BASE_TIME_MS: i64 = 1_436_918_400_000;
+
+fn events() -> Vec<Event> {
+    let p = Params {
+        seed: 0,
+        events_per_second: EVENTS_PER_SECOND,
+        base_time_ms: BASE_TIME_MS,
+        out_of_order_group_size: GROUP,
+    };
+    (0..COUNT).map(|i| p.event(i)).collect()
+}
+
+fn bids(events: &[Event]) -> impl Iterator<Item = &Bid> {
+    events.iter().filter_map(|e| if let Event::Bid(b) = e { Some(b) } else { None })
+}
+
+/// The shipped job file of `query`, made to run here: the small stream, out-of-order groups,
+/// checkpoints every 50 ms, output in `out`, components by absolute path.
+fn job(query: &str) -> String {
+    let text = std::fs::read_to_string(root().join(format!("examples/nexmark/{query}.toml"))).unwrap();
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = match line {
+            l if l.starts_with("count = ") => format!("count = {COUNT}\nout_of_order_group_size = {GROUP}"),
+            l if l.starts_with("events_per_second = ") => format!("events_per_second = {EVENTS_PER_SECOND}"),
+            l if l.starts_with("interval_ms = ") => "interval_ms = 50".to_string(),
+            l if l.starts_with("dir = ") => "dir = \"chk\"".to_string(),
+            l if l.starts_with("path = ") => "path = \"out\"".to_string(),
+            l if l.starts_with("component = ") => {
+                let name = l.rsplit('/').next().unwrap().trim_end_matches(".wasm\"");
+                format!("component = {}", toml_path(&component(name)))
+            }
+            l => l.to_string(),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+fn reference(query: &str, events: &[Event]) -> Vec<String> {
+    sorted(match query {
+        "q0" => bids(events)
+            .map(|b| format!("{},{},{},{},{}", b.auction, b.bidder, b.price, b.date_time, b.extra))
+            .collect(),
+        "q1" => bids(events)
+            .map(|b| format!("{},{},{},{}", b.auction, b.bidder, 0.908 * b.price as f64, b.date_time))
+            .collect(),
+        "q2" => bids(events).filter(|b| b.auction % 123 == 0).map(|b| format!("{},{}", b.auction, b.price)).collect(),
+        "q4" => {
+            running(&winning_bids(events), |w| w.1.category, |prices| prices.iter().sum::<u64>() / prices.len() as u64)
+        }
+        "q5" => hot_items(events),
+        "q6" => running(
+            &winning_bids(events),
+            |w| w.1.seller,
+            |prices| {
+                let last = &prices[prices.len().saturating_sub(10)..];
+                last.iter().sum::<u64>() / last.len() as u64
+            },
+        ),
+        "q7" => highest_bids(events),
+        "q11" => sessions(events),
+        other => panic!("no reference for {other}"),
+    })
+}
+
+/// Each auction with a bid made between its opening and expiry (inclusive): its highest.
+fn winning_bids(events: &[Event]) -> Vec<(u64, Auction)> {
+    let mut best: BTreeMap<u64, u64> = BTreeMap::new();
+    let auctions: BTreeMap<u64, &Auction> =
+        events.iter().filter_map(|e| if let Event::Auction(a) = e { Some((a.id, a)) } else { None }).collect();
+    for b in bids(events) {
+        if let Some(a) = auctions.get(&b.auction)
+            && (a.date_time..=a.expires).contains(&b.date_time)
+        {
+            let p = best.entry(a.id).or_default();
+            *p = (*p).max(b.price);
+        }
+    }
+    best.into_iter().map(|(id, price)| (price, auctions[&id].clone())).collect()
+}
+
+/// Per group (`key`), in order of closing (expiry, then auction id): `key,f(prices so far)`.
+fn running(wins: &[(u64, Auction)], key: fn(&(u64, Auction)) -> u64, f: fn(&[u64]) -> u64) -> Vec<String> {
+    let mut ordered: Vec<&(u64, Auction)> = wins.iter().collect();
+    ordered.sort_by_key(|(_, a)| (a.expires, a.id));
+    let mut so_far: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for w in ordered {
+        let prices = so_far.entry(key(w)).or_default();
+        prices.push(w.0);
+        out.push(format!("{},{}", key(w), f(prices)));
+    }
+    out
+}
+
+/// q5: per 10 s window every 2 s, the auctions with the most bids.
+fn hot_items(events: &[Event]) -> Vec<String> {
+    let mut counts: BTreeMap<(i64, u64), u64> = BTreeMap::new();
+    for b in bids(events) {
+        let mut start = b.date_time - b.date_time.rem_euclid(2000);
+        while start > b.date_time - 10_000 {
+            *counts.entry((start, b.auction)).or_default() += 1;
+            start -= 2000;
+        }
+    }
+    let mut best: BTreeMap<i64, u64> = BTreeMap::new();
+    for ((start, _), n) in &counts {
+        let m = best.entry(*start).or_default();
+        *m = (*m).max(*n);
+    }
+    counts
+        .iter()
+        .filter(|((start, _), n)| best[start] == **n)
+        .map(|((start, auction), n)| format!("{start},{},{auction},{n}", start + 10_000))
+        .collect()
+}
+
+/// q7: per 10 s window, the bids with the highest price.
+fn highest_bids(events: &[Event]) -> Vec<String> {
+    let mut best: BTreeMap<i64, u64> = BTreeMap::new();
+    for b in bids(events) {
+        let m = best.entry(b.date_time - b.date_time.rem_euclid(10_000)).or_default();
+        *m = (*m).max(b.price);
+    }
+    bids(events)
+        .filter(|b| best[&(b.date_time - b.date_time.rem_euclid(10_000))] == b.price)
+        .map(|b| {
+            let start = b.date_time - b.date_time.rem_euclid(10_000);
+            format!("{start},{},{},{},{},{}", start + 10_000, b.auction, b.price, b.bidder, b.date_time)
+        })
+        .collect()
+}
+
+/// q11: per bidder, bids in time order; a bid at or before the session's end (last bid + 10 s)
+/// extends it, a later one starts the next.
+fn sessions(events: &[Event]) -> Vec<String> {
+    let mut by_bidder: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for b in bids(events) {
+        by_bidder.entry(b.bidder).or_default().push(b.date_time);
+    }
+    let mut out = Vec::new();
+    for (bidder, mut times) in by_bidder {
+        times.sort();
+        let (mut start, mut end, mut n) = (times[0], times[0] + 10_000, 0);
+        for t in times {
+            if t > end {
+                out.push(format!("{bidder},{n},{start},{end}"));
+                (start, n) = (t, 0);
+            }
+            end = end.max(t + 10_000);
+            n += 1;
+        }
+        out.push(format!("{bidder},{n},{start},{end}"));
+    }
+    out
+}
+
+/// Runs `query`'s shipped job (with `faults`) in `dir`; its committed output.
+fn run(query: &str, dir: &Path, faults: Option<Arc<FaultPlan>>) -> Vec<String> {
+    let summary = crate::connectors::run(dir, &job(query), faults.clone()).unwrap();
+    if faults.is_some() {
+        assert!(summary.attempts > 1, "{query}: the planned failures happened");
+    }
+    committed_lines(&dir.join("out"))
+}
+
+fn check(query: &str, faults: Option<Arc<FaultPlan>>) {
+    let d = scratch();
+    let got = run(query, d.path(), faults);
+    let want = reference(query, &events());
+    assert!(!want.is_empty(), "{query}: the reference has output");
+    eprintln!("{query}: {} lines", want.len());
+    if got != want {
+        let missing: Vec<&String> = want.iter().filter(|l| !got.contains(l)).take(5).collect();
+        let extra: Vec<&String> = got.iter().filter(|l| !want.contains(l)).take(5).collect();
+        panic!("{query}: {} lines, the reference {}; missing {missing:?}, extra {extra:?}", got.len(), want.len());
+    }
+}
+
+/// The first stage of `query`'s job and its parallelism: where seeded failures strike.
+fn stages(query: &str) -> Vec<(String, u32)> {
+    job(query)
+        .split("[[operator]]")
+        .skip(1)
+        .map(|op| (op.lines().find_map(|l| l.strip_prefix("id = \"")).unwrap().trim_end_matches('"').to_string(), 2))
+        .collect()
+}
+
+fn check_with_failures(query: &str) {
+    let stages = stages(query);
+    let targets: Vec<(&str, u32)> = stages.iter().map(|(s, p)| (s.as_str(), *p)).collect();
+    for seed in 0..2 {
+        let kinds = [FaultKind::GuestTrap, FaultKind::HostPanic, FaultKind::DuringCheckpoint];
+        let plan = FaultPlan::seeded(seed, 1 + seed as u32, &targets, COUNT / 8, 3, &kinds);
+        check(query, Some(Arc::new(plan)));
+    }
+}
+
+#[test]
+fn nexmark_q0_to_q2_stateless_queries_match_the_reference() {
+    for q in ["q0", "q1", "q2"] {
+        check(q, None);
+    }
+}
+
+#[test]
+fn nexmark_q4_and_q6_winning_bids_match_the_reference() {
+    check("q4", None);
+    check("q6", None);
+}
+
+#[test]
+fn nexmark_q5_q7_and_q11_windows_match_the_reference() {
+    for q in ["q5", "q7", "q11"] {
+        check(q, None);
+    }
+}
+
+#[test]
+fn nexmark_queries_match_the_reference_under_seeded_failures() {
+    for q in ["q1", "q4", "q5", "q7", "q11"] {
+        check_with_failures(q);
+    }
+}
+
+#[test]
+fn nexmark_bad_options_and_miswired_queries_are_refused_naming_them() {
+    let d = scratch();
+    let run = |toml: &str| crate::connectors::run(d.path(), toml, None).unwrap_err();
+    let q5 = job("q5");
+    let e = run(&q5.replace("events_per_second = 250", "events_per_second = 0"));
+    assert!(e.contains("events_per_second = 0") && e.contains("`events`"), "{e}");
+    let e = run(&q5.replace(&format!("out_of_order_group_size = {GROUP}"), "out_of_order_group_size = 0"));
+    assert!(e.contains("out_of_order_group_size must be at least 1"), "{e}");
+    let e = run(&q5.replace(&format!("count = {COUNT}\n"), ""));
+    assert!(e.contains("nexmark source `events` needs `count"), "{e}");
+    let e = run(&q5.replace("size_ms = \"10000\", slide_ms = \"2000\"", "size_ms = \"1000\", slide_ms = \"2000\""));
+    assert!(e.contains("slide (2000 ms) is longer than its size (1000 ms)"), "{e}");
+    // The second half of q5 fed the raw events: the stage names what it expected.
+    let e = run(&q5.replace(
+        "inputs = [{ from = \"hot-bids\", partition = \"hash\" }]",
+        "inputs = [{ from = \"events\", partition = \"hash\" }]",
+    ));
+    assert!(e.contains("stage `top` reads candidates of hot-bids or max-bids"), "{e}");
+    // A query on lines of text instead of events.
+    std::fs::write(d.path().join("in.txt"), "not,an,event\n").unwrap();
+    let q0 = job("q0").replace("type = \"nexmark\"\n", "type = \"file\"\npath = \"in.txt\"\n");
+    let q0: String = q0
+        .lines()
+        .filter(|l| {
+            !l.starts_with("count")
+                && !l.starts_with("events_per")
+                && !l.starts_with("seed")
+                && !l.starts_with("out_of_order")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let e = run(&q0);
+    assert!(e.contains("stage `q0` reads the events of a `nexmark` source") && e.contains("kind byte"), "{e}");
+}
