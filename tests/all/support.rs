@@ -34,6 +34,7 @@ const GUESTS: &[&str] = &[
     "bench-kv-store",
     "nexmark-queries",
     "nexmark-stateless",
+    "nexmark-joins",
 ];
 
 /// Builds every guest component once per test run; returns their directory.

@@ -7,11 +7,13 @@
 //! | `q1` | bids with the price in euros: `auction,bidder,0.908 * price,date_time` |
 //! | `q2` | `auction,price` of the bids on every 123rd auction |
 //! | `rekey` | re-keys bids by bidder (`by = "bidder"`, q11) or auctions by seller (`by = "seller"`) |
+//! | `split` | persons / side output `auctions` / side output `bids`, for the two-input joins |
 //!
 //! The stateful stages are in `examples/nexmark/queries`.
 
 mod rekey;
 mod simple;
+mod split;
 
 use weir_guest::{Context, Error, OpenContext, Operator, OperatorInfo, Record, Result};
 
@@ -25,7 +27,8 @@ struct Stateless {
 }
 
 impl Operator for Stateless {
-    const INFO: OperatorInfo = OperatorInfo::new("nexmark-stateless", "1.0.0");
+    const INFO: OperatorInfo =
+        OperatorInfo { side_outputs: &["auctions", "bids"], ..OperatorInfo::new("nexmark-stateless", "1.0.0") };
 
     fn open(ctx: &mut OpenContext<'_>) -> Result<Self> {
         let query: String = ctx.config_or("query", String::new())?;
@@ -34,8 +37,9 @@ impl Operator for Stateless {
             "q1" => Box::new(simple::Q1),
             "q2" => Box::new(simple::Q2),
             "rekey" => Box::new(rekey::Rekey::open(ctx)?),
+            "split" => Box::new(split::Split::open(ctx)?),
             other => {
-                return Err(Error::msg(format!("config query = `{other}`: use q0, q1, q2 or rekey")));
+                return Err(Error::msg(format!("config query = `{other}`: use q0, q1, q2, rekey or split")));
             }
         };
         Ok(Stateless { stage })
