@@ -7,6 +7,7 @@
 //! remembered between invocations); a run whose record counts do not add up is an error, not
 //! a row.
 
+pub mod nexmark;
 pub mod report;
 pub mod startup;
 pub mod variant;

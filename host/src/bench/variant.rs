@@ -24,6 +24,8 @@ pub struct Variant {
     pub rate: Option<u64>,
     /// Every operator's component (a path or `native:<name>`).
     pub component: Option<String>,
+    /// Every sink becomes a `blackhole` (benchmarks measure the engine, not the disk).
+    pub blackhole_sinks: bool,
 }
 
 /// A job file the variant cannot be applied to.
@@ -63,6 +65,16 @@ pub fn apply(toml_text: &str, path: &Path, v: &Variant) -> Result<String, Varian
                     dir.join(&c).display().to_string()
                 };
                 n.insert("component".into(), toml::Value::String(c));
+            }
+            if section == "sink" && v.blackhole_sinks {
+                n.retain(|k, _| matches!(k, "id" | "inputs" | "parallelism"));
+                n.insert("type".into(), toml::Value::String("blackhole".into()));
+            }
+            if section == "source"
+                && n.get("type").and_then(|t| t.as_str()) == Some("nexmark")
+                && let Some(c) = v.count
+            {
+                n.insert("count".into(), toml::Value::Integer(c as i64));
             }
             if section == "source" && n.get("type").and_then(|t| t.as_str()) == Some("generator") {
                 if let Some(c) = v.count {
@@ -131,5 +143,18 @@ inputs = [{ from = "op" }]
         assert!(out.contains("component = \"native:keyed-count\""));
         assert!(!out.contains("[checkpoint]"));
         assert!(apply("[job", Path::new("j.toml"), &v).unwrap_err().to_string().contains("j.toml"));
+    }
+
+    #[test]
+    fn nexmark_counts_and_blackhole_sinks() {
+        let job = JOB
+            .replace("type = \"generator\"", "type = \"nexmark\"")
+            .replace("type = \"blackhole\"", "type = \"file\"\npath = \"out\"");
+        let v = Variant { count: Some(7), blackhole_sinks: true, ..Default::default() };
+        let t: toml::Table = apply(&job, Path::new("/b/job.toml"), &v).unwrap().parse().unwrap();
+        assert_eq!(t["source"][0]["count"].as_integer(), Some(7));
+        assert_eq!(t["sink"][0]["type"].as_str(), Some("blackhole"));
+        assert!(t["sink"][0].get("path").is_none());
+        assert!(t["sink"][0].get("inputs").is_some());
     }
 }

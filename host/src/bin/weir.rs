@@ -86,8 +86,9 @@ enum Command {
     /// from the job files in `examples/bench/`, each configuration in a fresh process, and
     /// print the tables (see docs/benchmarks.md).
     Bench {
-        /// `j1`, `j3`, `latency`, `all` (those three), or `startup` (job start with and
-        /// without the compile cache, from fresh `weir new` projects).
+        /// `j1`, `j3`, `latency`, `all` (those three), `nexmark` (the queries of
+        /// examples/nexmark), or `startup` (job start with and without the compile cache,
+        /// from fresh `weir new` projects).
         #[arg(default_value = "all")]
         scenario: String,
         /// `startup`: the languages (comma-separated: rust, c, js, python).
@@ -105,6 +106,15 @@ enum Command {
         /// Seconds per latency run.
         #[arg(long, default_value_t = 10)]
         latency_secs: u64,
+        /// `nexmark`: events per run.
+        #[arg(long, default_value_t = 10_000_000)]
+        events: u64,
+        /// `nexmark`: only these queries (comma-separated, e.g. q0,q5).
+        #[arg(long, value_delimiter = ',')]
+        queries: Vec<String>,
+        /// `nexmark`: directory of the query job files.
+        #[arg(long, default_value = "examples/nexmark")]
+        nexmark_dir: PathBuf,
     },
     /// Take a savepoint of a running job.
     Savepoint {
@@ -568,7 +578,7 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Bench { scenario, dir, runs, records, latency_secs, lang } => {
+        Command::Bench { scenario, dir, runs, records, latency_secs, lang, events, queries, nexmark_dir } => {
             let opts = weir::bench::BenchOptions {
                 exe: std::env::current_exe().context("locating the weir executable")?,
                 dir,
@@ -576,6 +586,16 @@ fn real_main(cli: Cli) -> Result<()> {
                 j1_records: records,
                 latency_secs: latency_secs.max(2),
             };
+            if scenario == "nexmark" {
+                weir::bench::nexmark::check_components(&nexmark_dir)?;
+                println!(
+                    "# weir bench nexmark: {} cores, {}",
+                    std::thread::available_parallelism().map_or(1, |p| p.get()),
+                    std::env::consts::ARCH
+                );
+                let opts = weir::bench::BenchOptions { dir: nexmark_dir, ..opts };
+                return Ok(weir::bench::nexmark::nexmark(&opts, events, &queries)?);
+            }
             if scenario == "startup" {
                 println!("# weir bench startup: {} cores", std::thread::available_parallelism().map_or(1, |p| p.get()));
                 return Ok(weir::bench::startup::startup(&opts, &lang)?);
@@ -589,7 +609,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let max = match scenario.as_str() {
                 "j1" | "all" => Some(weir::bench::j1(&opts)?),
                 "j3" | "latency" => None,
-                other => anyhow::bail!("unknown benchmark `{other}`; use j1, j3, latency, all or startup"),
+                other => anyhow::bail!("unknown benchmark `{other}`; use j1, j3, latency, all, nexmark or startup"),
             };
             if matches!(scenario.as_str(), "j3" | "all") {
                 weir::bench::j3(&opts)?;
