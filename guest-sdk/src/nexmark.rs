@@ -132,6 +132,31 @@ pub fn bid(value: &[u8]) -> Option<BidNumbers> {
     Some(BidNumbers { auction: n(0), bidder: n(1), price: n(2), date_time: n(3) as i64 })
 }
 
+/// A bid with its strings as raw bytes (not checked for UTF-8: for queries that copy them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawBid<'a> {
+    /// The numbers.
+    pub numbers: BidNumbers,
+    /// Channel bytes.
+    pub channel: &'a [u8],
+    /// URL bytes.
+    pub url: &'a [u8],
+    /// Padding bytes.
+    pub extra: &'a [u8],
+}
+
+/// A bid's numbers and unchecked strings, or `None` when `value` is not a well-formed bid.
+#[inline]
+pub fn raw_bid(value: &[u8]) -> Option<RawBid<'_>> {
+    let numbers = bid(value)?;
+    let mut c = Reader { buf: value, at: 33 };
+    let mut raw = || -> Option<&[u8]> {
+        let n = u16::from_le_bytes(c.take(2).ok()?.try_into().ok()?) as usize;
+        c.take(n).ok()
+    };
+    Some(RawBid { numbers, channel: raw()?, url: raw()?, extra: raw()? })
+}
+
 /// The key of a record of a `nexmark` source (or any little-endian u64 key).
 #[inline]
 pub fn key(key: &[u8]) -> Option<u64> {
@@ -235,6 +260,9 @@ mod tests {
         );
         let n = bid(&v).unwrap();
         assert_eq!((n.auction, n.price, n.date_time), (1001, 350, 1_436_918_400_000));
+        let r = raw_bid(&v).unwrap();
+        assert_eq!((r.numbers, r.channel, r.url, r.extra), (n, &b"Google"[..], &b"https://x"[..], &b""[..]));
+        assert!(raw_bid(&v[..v.len() - 1]).is_none());
         assert_eq!(key(&1001u64.to_le_bytes()), Some(1001));
     }
 

@@ -1,7 +1,7 @@
 //! The stateless queries: q0 (pass-through), q1 (currency conversion), q2 (selection).
 
-use weir_guest::nexmark::{self, Event};
-use weir_guest::{Context, Error, Record, Result, push_u64};
+use weir_guest::nexmark;
+use weir_guest::{Context, Error, Record, Result, push_bytes, push_u64};
 
 use crate::{Stage, not_an_event};
 
@@ -11,19 +11,29 @@ pub struct Q0;
 
 impl Stage for Q0 {
     fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
-        if let Event::Bid(b) = nexmark::decode(rec.value).map_err(|e| not_an_event("q0", e))? {
-            ctx.emit_with(rec.key, |v| {
-                for n in [b.auction, b.bidder, b.price] {
-                    push_u64(v, n);
-                    v.push(b',');
-                }
-                v.extend_from_slice(b.date_time.to_string().as_bytes());
-                v.push(b',');
-                v.extend_from_slice(b.extra.as_bytes());
-            });
+        if nexmark::kind(rec.value) != Some(nexmark::BID) {
+            return check_event("q0", rec.value);
         }
+        let b = nexmark::raw_bid(rec.value).ok_or_else(|| not_an_event("q0", Error::msg("a malformed bid")))?;
+        let n = b.numbers;
+        ctx.emit_with(rec.key, |v| {
+            for x in [n.auction, n.bidder, n.price] {
+                push_u64(v, x);
+                v.push(b',');
+            }
+            push_i64(v, n.date_time);
+            v.push(b',');
+            push_bytes(v, b.extra);
+        });
         Ok(())
     }
+}
+
+fn push_i64(v: &mut Vec<u8>, x: i64) {
+    if x < 0 {
+        v.push(b'-');
+    }
+    push_u64(v, x.unsigned_abs());
 }
 
 /// q1: bids with the price converted to euros, `auction,bidder,0.908 * price,date_time`.

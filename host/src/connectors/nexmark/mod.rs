@@ -71,11 +71,9 @@ impl NexmarkSource {
         }
         let mut n = 0;
         while n < max && self.next < self.cfg.count {
-            let event = self.cfg.params.event(self.next);
             self.value.clear();
-            event.encode(&mut self.value);
-            let key = event.key().to_le_bytes();
-            out.emit(RecordRef { tag: 0, timestamp: event.date_time(), key: &key, value: &self.value })?;
+            let (key, timestamp) = self.cfg.params.encode(self.next, &mut self.value);
+            out.emit(RecordRef { tag: 0, timestamp, key: &key.to_le_bytes(), value: &self.value })?;
             self.next += self.step;
             n += 1;
         }

@@ -159,6 +159,69 @@ impl Event {
     }
 }
 
+impl Event {
+    /// Decodes [`Event::encode`]'s layout (`None` if it is not one).
+    pub fn decode(b: &[u8]) -> Option<Event> {
+        let mut r = Reader { b, at: 1 };
+        Some(match *b.first()? {
+            PERSON => Event::Person(Person {
+                id: r.u64()?,
+                date_time: r.u64()? as i64,
+                name: r.str()?,
+                email_address: r.str()?,
+                credit_card: r.str()?,
+                city: r.str()?,
+                state: r.str()?,
+                extra: r.str()?,
+            }),
+            AUCTION => Event::Auction(Auction {
+                id: r.u64()?,
+                initial_bid: r.u64()?,
+                reserve: r.u64()?,
+                date_time: r.u64()? as i64,
+                expires: r.u64()? as i64,
+                seller: r.u64()?,
+                category: r.u64()?,
+                item_name: r.str()?,
+                description: r.str()?,
+                extra: r.str()?,
+            }),
+            BID => Event::Bid(Bid {
+                auction: r.u64()?,
+                bidder: r.u64()?,
+                price: r.u64()?,
+                date_time: r.u64()? as i64,
+                channel: r.str()?,
+                url: r.str()?,
+                extra: r.str()?,
+            }),
+            _ => return None,
+        })
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn str(&mut self) -> Option<String> {
+        let n = u16::from_le_bytes(self.take(2)?.try_into().ok()?) as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
 fn put_str(out: &mut Vec<u8>, s: &str) {
     let n = s.len().min(u16::MAX as usize);
     out.extend_from_slice(&(n as u16).to_le_bytes());
