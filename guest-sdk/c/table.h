@@ -62,6 +62,50 @@ static void weir_table_put(weir_table *t, const uint8_t *key, size_t klen, const
     t->len++;
 }
 
+/* The entry of `key` with a value of `vlen` bytes: an existing value keeps its first
+ * min(old, vlen) bytes, a new one is uninitialized. Pointers into the table stay valid until
+ * the next put, reserve or remove. */
+static weir_entry *weir_table_reserve(weir_table *t, const uint8_t *key, size_t klen, size_t vlen) {
+    weir_entry *e = weir_table_find(t, key, klen);
+    if (!e) {
+        if ((t->len + 1) * 4 > t->cap * 3) weir_table_grow(t);
+        size_t i = weir_hash(key, klen) & (t->cap - 1);
+        while (t->slots[i].used) i = (i + 1) & (t->cap - 1);
+        e = &t->slots[i];
+        e->used = 1;
+        e->key = malloc(klen ? klen : 1);
+        memcpy(e->key, key, klen);
+        e->klen = klen;
+        e->val = malloc(vlen ? vlen : 1);
+        e->vlen = vlen;
+        t->len++;
+        return e;
+    }
+    if (e->vlen != vlen) e->val = realloc(e->val, vlen ? vlen : 1);
+    e->vlen = vlen;
+    return e;
+}
+
+/* Removes `key` if present. Linear probing: the entries after the hole that would no longer
+ * be found past it move back into it (backward-shift deletion, no tombstones). */
+static void weir_table_remove(weir_table *t, const uint8_t *key, size_t klen) {
+    weir_entry *e = weir_table_find(t, key, klen);
+    if (!e) return;
+    free(e->key);
+    free(e->val);
+    size_t mask = t->cap - 1, hole = (size_t)(e - t->slots);
+    t->slots[hole].used = 0;
+    t->len--;
+    for (size_t i = (hole + 1) & mask; t->slots[i].used; i = (i + 1) & mask) {
+        size_t home = weir_hash(t->slots[i].key, t->slots[i].klen) & mask;
+        /* Stays if its home lies cyclically in (hole, i]. */
+        if (hole <= i ? (hole < home && home <= i) : (hole < home || home <= i)) continue;
+        t->slots[hole] = t->slots[i];
+        t->slots[i].used = 0;
+        hole = i;
+    }
+}
+
 static void weir_table_grow(weir_table *t) {
     weir_table old = *t;
     t->cap = old.cap ? old.cap * 2 : 16;

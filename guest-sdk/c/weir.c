@@ -1,6 +1,7 @@
 /* The Weir C SDK: the component's exports on top of the wit-bindgen C bindings (gen/).
  * See weir.h. Arguments of exports are owned here and freed; returned data is malloc'd and
- * freed by the bindings after the call. */
+ * freed by the bindings after the call. Tumbling windows are at the end: the per-key rules of
+ * the Rust SDK's `window::book` applied to one keyed value in place. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,11 +19,27 @@ static weir_table *g_tables; /* [state * groups + group] */
 static size_t g_groups;
 static uint8_t *g_out;
 static size_t g_out_len, g_out_cap;
+/* The watermark of the last on-watermark call: what windows decide lateness by (the host
+ * fires the timers a watermark makes due before it calls on-watermark). */
+static int64_t g_watermark = INT64_MIN;
+typedef struct { char *key, *value; } config_entry;
+static config_entry *g_config;
+static size_t g_config_len;
 
 __attribute__((weak)) int weir_migrate(const char *state, uint32_t from, weir_bytes in, uint8_t **out,
                                        size_t *out_len) {
     (void)state; (void)from; (void)in; (void)out; (void)out_len;
     return 1;
+}
+
+__attribute__((weak)) int weir_on_open(weir_ctx *ctx) {
+    (void)ctx;
+    return 0;
+}
+
+__attribute__((weak)) int weir_on_timer(weir_ctx *ctx, weir_time_domain domain, const weir_record *timer) {
+    (void)ctx; (void)domain; (void)timer;
+    return 0;
 }
 
 static void out_reserve(size_t n) {
@@ -68,9 +85,59 @@ static void msg_u32(uint32_t v) {
     do { d[--i] = (char)('0' + v % 10); v /= 10; } while (v);
     msg_str(d + i, (size_t)(10 - i));
 }
+static void msg_i64(int64_t v) {
+    uint8_t d[20];
+    msg_str((const char *)d, weir_fmt_i64(v, d));
+}
 
 static weir_table *table(size_t state, uint32_t key_group) {
     return &g_tables[state * g_groups + (key_group - g_task.key_group_start)];
+}
+
+static char *dup_n(const uint8_t *p, size_t n) {
+    char *s = malloc(n + 1);
+    memcpy(s, p, n);
+    s[n] = 0;
+    return s;
+}
+
+const char *weir_config(weir_ctx *ctx, const char *key) {
+    (void)ctx;
+    for (size_t i = 0; i < g_config_len; i++)
+        if (strcmp(g_config[i].key, key) == 0) return g_config[i].value;
+    return NULL;
+}
+
+int weir_config_i64(weir_ctx *ctx, const char *key, int64_t fallback, int64_t *out) {
+    const char *v = weir_config(ctx, key);
+    if (!v) {
+        *out = fallback;
+        return 0;
+    }
+    const char *p = v;
+    int neg = *p == '-';
+    if (*p == '-' || *p == '+') p++;
+    uint64_t limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX, n = 0;
+    if (!*p) goto bad;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') goto bad;
+        uint64_t d = (uint64_t)(*p - '0');
+        if (n > (limit - d) / 10) goto bad;
+        n = n * 10 + d;
+    }
+    *out = neg ? (int64_t)(0 - n) : (int64_t)n;
+    return 0;
+bad:
+    msg_reset();
+    msg_cstr("config `"); msg_cstr(key); msg_cstr("` = `"); msg_cstr(v);
+    msg_cstr("` is invalid: not a 64-bit integer");
+    weir_fail(ctx, g_msg);
+    return 1;
+}
+
+weir_bytes weir_key(const weir_ctx *ctx) {
+    weir_bytes none = { NULL, 0 };
+    return ctx->rec ? ctx->rec->key : none;
 }
 
 weir_bytes weir_get(weir_ctx *ctx, size_t state) {
@@ -83,14 +150,63 @@ void weir_put(weir_ctx *ctx, size_t state, const uint8_t *value, size_t len) {
     weir_table_put(table(state, ctx->rec->key_group), ctx->rec->key.ptr, ctx->rec->key.len, value, len);
 }
 
-void weir_emit(weir_ctx *ctx, const uint8_t *key, size_t klen, const uint8_t *value, size_t vlen) {
-    int64_t ts = ctx->rec ? ctx->rec->timestamp : 0;
-    out_u32(0);
+void weir_remove(weir_ctx *ctx, size_t state) {
+    weir_table_remove(table(state, ctx->rec->key_group), ctx->rec->key.ptr, ctx->rec->key.len);
+}
+
+static void emit_port(uint32_t port, int64_t ts, const uint8_t *key, size_t klen, const uint8_t *value,
+                      size_t vlen) {
+    out_u32(port);
     out_reserve(8); memcpy(g_out + g_out_len, &ts, 8); g_out_len += 8;
     out_u32((uint32_t)klen);
     out_u32((uint32_t)vlen);
     out_bytes(key, klen);
     out_bytes(value, vlen);
+}
+
+void weir_emit(weir_ctx *ctx, const uint8_t *key, size_t klen, const uint8_t *value, size_t vlen) {
+    emit_port(0, ctx->rec ? ctx->rec->timestamp : 0, key, klen, value, vlen);
+}
+
+void weir_emit_at(weir_ctx *ctx, const uint8_t *key, size_t klen, const uint8_t *value, size_t vlen,
+                  int64_t timestamp) {
+    (void)ctx;
+    emit_port(0, timestamp, key, klen, value, vlen);
+}
+
+/* The port of side output `name` (1-based), or 0 when it is not declared. */
+static uint32_t side_port(const char *name) {
+    for (size_t i = 0; i < WEIR_OPERATOR.side_outputs_len; i++)
+        if (strcmp(WEIR_OPERATOR.side_outputs[i], name) == 0) return (uint32_t)i + 1;
+    return 0;
+}
+
+int weir_emit_side(weir_ctx *ctx, const char *name, const uint8_t *key, size_t klen, const uint8_t *value,
+                   size_t vlen) {
+    uint32_t port = side_port(name);
+    if (!port) {
+        msg_reset();
+        msg_cstr("side output `"); msg_cstr(name); msg_cstr("` is not declared in WEIR_OPERATOR.side_outputs");
+        weir_fail(ctx, g_msg);
+        return 1;
+    }
+    emit_port(port, ctx->rec ? ctx->rec->timestamp : 0, key, klen, value, vlen);
+    return 0;
+}
+
+void weir_register_event_timer(weir_ctx *ctx, int64_t time) {
+    operator_list_u8_t key = { (uint8_t *)ctx->rec->key.ptr, ctx->rec->key.len };
+    weir_operator_timers_register(WEIR_OPERATOR_TYPES_TIME_DOMAIN_EVENT_TIME, ctx->rec->key_group, &key, time);
+}
+
+void weir_delete_event_timer(weir_ctx *ctx, int64_t time) {
+    operator_list_u8_t key = { (uint8_t *)ctx->rec->key.ptr, ctx->rec->key.len };
+    weir_operator_timers_delete(WEIR_OPERATOR_TYPES_TIME_DOMAIN_EVENT_TIME, ctx->rec->key_group, &key, time);
+}
+
+int64_t weir_watermark(const weir_ctx *ctx) {
+    (void)ctx;
+    return g_watermark;
 }
 
 void weir_fail(weir_ctx *ctx, const char *message) { ctx->error = message; }
@@ -118,37 +234,56 @@ void exports_operator_describe(operator_operator_info_t *ret) {
         ret->states.ptr[i].keyed = true;
         ret->states.ptr[i].redistribution = WEIR_OPERATOR_TYPES_REDISTRIBUTION_NONE;
     }
-    ret->side_outputs.len = 0;
-    ret->side_outputs.ptr = NULL;
+    size_t sides = d->side_outputs ? d->side_outputs_len : 0;
+    ret->side_outputs.len = sides;
+    ret->side_outputs.ptr = calloc(sides ? sides : 1, sizeof(operator_string_t));
+    for (size_t i = 0; i < sides; i++) operator_string_dup(&ret->side_outputs.ptr[i], d->side_outputs[i]);
 }
 
 bool exports_operator_setup(operator_list_tuple2_string_string_t *config, operator_string_t *err) {
-    (void)err;
+    g_config_len = config->len;
+    g_config = calloc(config->len ? config->len : 1, sizeof(config_entry));
+    for (size_t i = 0; i < config->len; i++) {
+        g_config[i].key = dup_n(config->ptr[i].f0.ptr, config->ptr[i].f0.len);
+        g_config[i].value = dup_n(config->ptr[i].f1.ptr, config->ptr[i].f1.len);
+    }
     operator_list_tuple2_string_string_free(config);
     weir_operator_context_task(&g_task);
     g_groups = g_task.key_group_end - g_task.key_group_start;
     g_tables = calloc(WEIR_OPERATOR.states_len * g_groups + 1, sizeof(weir_table));
+    weir_ctx ctx = { NULL, NULL };
+    int r = weir_on_open(&ctx);
+    flush();
+    if (r != 0) {
+        set_err(err, ctx.error ? ctx.error : "the operator failed to open");
+        return false;
+    }
     return true;
 }
 
+/* Reads the record at *pos of a batch (see "Record framing" in wit/operator.wit); 0 at the end. */
+static int next_record(const uint8_t *p, size_t n, size_t *pos, weir_record *r) {
+    uint32_t klen, vlen;
+    if (*pos + 20 > n) return 0;
+    memcpy(&r->key_group, p + *pos, 4);
+    memcpy(&r->timestamp, p + *pos + 4, 8);
+    memcpy(&klen, p + *pos + 12, 4);
+    memcpy(&vlen, p + *pos + 16, 4);
+    r->key.ptr = p + *pos + 20;
+    r->key.len = klen;
+    r->value.ptr = p + *pos + 20 + klen;
+    r->value.len = vlen;
+    *pos += 20 + (size_t)klen + vlen;
+    return 1;
+}
+
 bool exports_operator_process(operator_list_u8_t *batch, operator_string_t *err) {
-    const uint8_t *p = batch->ptr;
-    size_t pos = 0, n = batch->len;
+    size_t pos = 0;
     weir_ctx ctx = { NULL, NULL };
     bool ok = true;
     uint32_t index = 0;
-    while (pos + 20 <= n) {
-        weir_record r;
-        uint32_t klen, vlen;
-        memcpy(&r.key_group, p + pos, 4);
-        memcpy(&r.timestamp, p + pos + 4, 8);
-        memcpy(&klen, p + pos + 12, 4);
-        memcpy(&vlen, p + pos + 16, 4);
-        r.key.ptr = p + pos + 20;
-        r.key.len = klen;
-        r.value.ptr = p + pos + 20 + klen;
-        r.value.len = vlen;
-        pos += 20 + (size_t)klen + vlen;
+    weir_record r;
+    while (next_record(batch->ptr, batch->len, &pos, &r)) {
         ctx.rec = &r;
         if (weir_on_record(&ctx, &r) != 0) {
             set_record_err(err, index, ctx.error ? ctx.error : "the operator failed");
@@ -163,13 +298,26 @@ bool exports_operator_process(operator_list_u8_t *batch, operator_string_t *err)
 }
 
 bool exports_operator_on_timer(operator_time_domain_t domain, operator_list_u8_t *timers, operator_string_t *err) {
-    (void)domain; (void)err;
+    size_t pos = 0;
+    weir_ctx ctx = { NULL, NULL };
+    bool ok = true;
+    weir_record r;
+    while (next_record(timers->ptr, timers->len, &pos, &r)) {
+        ctx.rec = &r;
+        if (weir_on_timer(&ctx, (weir_time_domain)domain, &r) != 0) {
+            set_err(err, ctx.error ? ctx.error : "the operator failed on a timer");
+            ok = false;
+            break;
+        }
+    }
     operator_list_u8_free(timers);
-    return true;
+    flush();
+    return ok;
 }
 
 bool exports_operator_on_watermark(int64_t watermark, operator_string_t *err) {
-    (void)watermark; (void)err;
+    (void)err;
+    g_watermark = watermark;
     return true;
 }
 
@@ -315,4 +463,162 @@ bool exports_operator_finish(operator_string_t *err) {
     (void)err;
     flush();
     return true;
+}
+
+/* ---- Tumbling windows ------------------------------------------------------------------
+ * A key's windows are one value of state `t->state`: u64 n, then n x { i64 start, i64 end,
+ * acc_size bytes }, sorted by (start, end) (bincode of the Rust SDK's `Vec<(Window, A)>`).
+ * Rules as `guest-sdk/src/window/book.rs`: a window takes records until the watermark reaches
+ * its cleanup time end - 1 + lateness; it has a timer at end - 1 (unless the watermark is
+ * already there: then each record fires it at once) and one at its cleanup time. */
+
+enum { WINDOW_HEAD = 16 }; /* i64 start, i64 end */
+
+static uint8_t *g_acc; /* an aligned copy of the accumulator the callbacks see */
+static size_t g_acc_cap;
+
+static int64_t sat_add(int64_t a, int64_t b) {
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r)) return b > 0 ? INT64_MAX : INT64_MIN;
+    return r;
+}
+
+static int64_t get_i64(const uint8_t *p) { int64_t v; memcpy(&v, p, 8); return v; }
+static void put_i64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }
+
+/* The window holding `ts`: start = ts - ((ts - offset) mod size), Euclidean (negative
+ * timestamps too), end = start + size (saturating), without overflowing on the way. */
+static weir_window tumbling_assign(const weir_tumbling *t, int64_t ts) {
+    int64_t size = t->size_ms, a = ts % size, b = t->offset_ms % size;
+    if (a < 0) a += size;
+    if (b < 0) b += size;
+    int64_t r = a - b;
+    if (r < 0) r += size;
+    weir_window w;
+    if (__builtin_sub_overflow(ts, r, &w.start)) w.start = INT64_MIN;
+    w.end = sat_add(w.start, size);
+    return w;
+}
+
+static int64_t cleanup_time(const weir_tumbling *t, int64_t end) { return sat_add(end - 1, t->lateness_ms); }
+
+int weir_tumbling_open(weir_ctx *ctx, weir_tumbling *t) {
+    const weir_operator_def *d = &WEIR_OPERATOR;
+    msg_reset();
+    if (t->size_ms <= 0) {
+        msg_cstr("a tumbling window's size must be positive, not "); msg_i64(t->size_ms); msg_cstr(" ms");
+    } else if (t->offset_ms <= -t->size_ms || t->offset_ms >= t->size_ms) {
+        msg_cstr("a tumbling window's offset ("); msg_i64(t->offset_ms);
+        msg_cstr(" ms) must be smaller than its size ("); msg_i64(t->size_ms); msg_cstr(" ms)");
+    } else if (t->lateness_ms < 0) {
+        msg_cstr("allowed lateness must be 0 or more, not "); msg_i64(t->lateness_ms); msg_cstr(" ms");
+    } else if (t->state >= d->states_len) {
+        msg_cstr("windows: state number "); msg_u32((uint32_t)t->state); msg_cstr(" is not declared in `");
+        msg_cstr(d->name); msg_cstr("`'s WEIR_OPERATOR.states");
+    } else if (!t->add || !t->fire) {
+        msg_cstr("windows `"); msg_cstr(d->states[t->state]); msg_cstr("`: `add` and `fire` are required");
+    } else if (t->late_output && !(t->late_port = side_port(t->late_output))) {
+        msg_cstr("late records go to side output `"); msg_cstr(t->late_output); msg_cstr("`, which `");
+        msg_cstr(d->name); msg_cstr("` does not declare in WEIR_OPERATOR.side_outputs");
+    }
+    if (g_msg_len) {
+        weir_fail(ctx, g_msg);
+        return 1;
+    }
+    if (!g_acc || t->acc_size > g_acc_cap) {
+        free(g_acc);
+        g_acc_cap = t->acc_size ? t->acc_size : 1;
+        g_acc = malloc(g_acc_cap);
+    }
+    return 0;
+}
+
+/* The number of windows in `e`, checked against its length; 0, or fails the call. */
+static int windows_in(weir_ctx *ctx, const weir_tumbling *t, const weir_entry *e, size_t *n) {
+    size_t item = WINDOW_HEAD + t->acc_size;
+    uint64_t count = e->vlen >= 8 ? (uint64_t)get_i64(e->val) : 0;
+    if (e->vlen < 8 || count > (e->vlen - 8) / item || e->vlen != 8 + count * item) {
+        msg_reset();
+        msg_cstr("state `"); msg_cstr(WEIR_OPERATOR.states[t->state]);
+        msg_cstr("` of this key does not hold windows with accumulators of "); msg_u32((uint32_t)t->acc_size);
+        msg_cstr(" bytes");
+        weir_fail(ctx, g_msg);
+        return 1;
+    }
+    *n = (size_t)count;
+    return 0;
+}
+
+int weir_tumbling_add(weir_ctx *ctx, const weir_tumbling *t, const weir_record *rec, void *arg) {
+    weir_window w = tumbling_assign(t, rec->timestamp);
+    int64_t fire_at = w.end - 1, cleanup = cleanup_time(t, w.end), wm = g_watermark;
+    if (cleanup <= wm) {
+        if (t->late_output) emit_port(t->late_port, rec->timestamp, rec->key.ptr, rec->key.len, rec->value.ptr,
+                                      rec->value.len);
+        return 0;
+    }
+    weir_table *tb = table(t->state, ctx->rec->key_group);
+    weir_bytes key = weir_key(ctx);
+    size_t item = WINDOW_HEAD + t->acc_size, n = 0, lo = 0, hi;
+    weir_entry *e = weir_table_find(tb, key.ptr, key.len);
+    if (e && windows_in(ctx, t, e, &n)) return -1;
+    /* Binary search by (start, end): lo = the window's place. */
+    for (hi = n; lo < hi;) {
+        size_t mid = lo + (hi - lo) / 2;
+        const uint8_t *m = e->val + 8 + mid * item;
+        int64_t s = get_i64(m), en = get_i64(m + 8);
+        if (s < w.start || (s == w.start && en < w.end)) lo = mid + 1;
+        else hi = mid;
+    }
+    int found = lo < n && get_i64(e->val + 8 + lo * item) == w.start && get_i64(e->val + 8 + lo * item + 8) == w.end;
+    if (found) memcpy(g_acc, e->val + 8 + lo * item + WINDOW_HEAD, t->acc_size);
+    else if (t->init) t->init(g_acc);
+    else memset(g_acc, 0, t->acc_size);
+    t->add(g_acc, rec, arg);
+    if (!found) {
+        e = weir_table_reserve(tb, key.ptr, key.len, 8 + (n + 1) * item);
+        uint8_t *at = e->val + 8 + lo * item;
+        memmove(at + item, at, (n - lo) * item);
+        put_i64(at, w.start);
+        put_i64(at + 8, w.end);
+        put_i64(e->val, (int64_t)(n + 1));
+        if (fire_at > wm) weir_register_event_timer(ctx, fire_at);
+        if (cleanup != fire_at) weir_register_event_timer(ctx, cleanup);
+    }
+    memcpy(e->val + 8 + lo * item + WINDOW_HEAD, g_acc, t->acc_size);
+    /* Past its end, within lateness: the record changed a fired window; fire it again. */
+    if (fire_at <= wm) t->fire(ctx, w, g_acc);
+    return 1;
+}
+
+int weir_tumbling_on_timer(weir_ctx *ctx, const weir_tumbling *t, weir_time_domain domain) {
+    if (domain != WEIR_EVENT_TIME) return 0;
+    int64_t time = ctx->rec->timestamp;
+    weir_table *tb = table(t->state, ctx->rec->key_group);
+    weir_bytes key = weir_key(ctx);
+    weir_entry *e = weir_table_find(tb, key.ptr, key.len);
+    size_t item = WINDOW_HEAD + t->acc_size, n, kept = 0;
+    if (!e) return 0;
+    if (windows_in(ctx, t, e, &n)) return -1;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *at = e->val + 8 + i * item;
+        weir_window w = { get_i64(at), get_i64(at + 8) };
+        if (w.end - 1 == time) {
+            memcpy(g_acc, at + WINDOW_HEAD, t->acc_size);
+            t->fire(ctx, w, g_acc);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *at = e->val + 8 + i * item;
+        if (cleanup_time(t, get_i64(at + 8)) <= time) continue;
+        if (kept != i) memmove(e->val + 8 + kept * item, at, item);
+        kept++;
+    }
+    if (kept == 0) {
+        weir_table_remove(tb, key.ptr, key.len);
+    } else if (kept != n) {
+        put_i64(e->val, (int64_t)kept);
+        weir_table_reserve(tb, key.ptr, key.len, 8 + kept * item);
+    }
+    return 0;
 }

@@ -15,9 +15,15 @@
 // `string`, `bytes`, or `struct([...])`). Output is buffered and handed to the host once per
 // call. A thrown error fails the call (the host restarts the job from its last checkpoint).
 // `queryState` answers live state queries (`weir query`): a key's value as JSON.
+//
+// Event time: `onTimer(ctx, domain, timer)` gets the key's timers (`ctx.registerEventTimer`),
+// `ctx.watermark()` is the last watermark, and `tumbling(ctx, state, {...})` keeps tumbling
+// windows with an accumulator per window in one keyed state (codec `windows(acc)`), laid out
+// as the Rust SDK's `Windows<A>`.
 
 import { emitBatch } from 'weir:operator/collector@0.3.1';
 import { task } from 'weir:operator/context@0.3.1';
+import * as timers from 'weir:operator/timers@0.3.1';
 
 // ---- bincode 1 codecs -------------------------------------------------------------------
 
@@ -74,6 +80,16 @@ export const struct = (fields) => ({
   write: (w, v) => fields.forEach((f, i) => f.write(w, v[i])),
   read: (r) => fields.map((f) => f.read(r)),
 });
+/** A Rust `Vec` of `codec` values (u64 length + elements). Values are arrays. */
+export const list = (codec) => ({
+  write: (w, v) => { w.u64(v.length); for (const x of v) codec.write(w, x); },
+  read: (r) => { const out = []; for (let n = Number(r.u64()); n > 0; n--) out.push(codec.read(r)); return out; },
+});
+/**
+ * The codec of a windows state (see `tumbling`): a key's open windows, each `[start, end,
+ * acc]` with its accumulator in `acc`, sorted; the Rust SDK's `Vec<(Window, A)>`.
+ */
+export const windows = (acc) => ({ ...list(struct([i64, i64, acc])), acc });
 
 /** Encodes `v` with `codec`. */
 export function encode(codec, v) { const w = new Writer(); codec.write(w, v); return w.take(); }
@@ -138,18 +154,27 @@ const keyBytes = (s) => { const b = new Uint8Array(s.length); for (let i = 0; i 
 
 // ---- the operator -----------------------------------------------------------------------
 
+// What `tumbling` needs of an operator beyond the public context: its declarations.
+const declared = Symbol('weir declarations');
+
+// i64::MIN: the watermark before the first one.
+const NO_WATERMARK = -9223372036854775808;
+
 /**
  * Builds the exports of an operator from `spec`: `name`, `version`, `schemaVersion`,
  * `migratesFrom` (older schemas), `states` (`{ name, codec }`, keyed value states),
- * `open(ctx, config)`, `process(ctx, rec)`, `close(ctx)`, `migrate(state, fromSchema, bytes)`.
+ * `sideOutputs` (names: ports 1..=n), `open(ctx, config)`, `process(ctx, rec)`,
+ * `onTimer(ctx, domain, timer)`, `close(ctx)`, `migrate(state, fromSchema, bytes)`.
  */
 export function operator(spec) {
   const states = spec.states || [];
   const migratesFrom = spec.migratesFrom || [];
+  const sideOutputs = spec.sideOutputs || [];
   let info = null; // task info, after open
   let tables = null; // tables[state][groupIndex] = Map
   let out = new Writer();
-  let current = null; // the record being processed (for timestamps)
+  let current = null; // the record (or timer) being processed: its key and timestamp
+  let watermark = NO_WATERMARK; // the last on-watermark's (the host fires due timers first)
 
   const group = (kg) => {
     const i = kg - info.keyGroupStart;
@@ -161,23 +186,70 @@ export function operator(spec) {
     if (i < 0) throw new Error(`state \`${name}\` is not declared`);
     return tables[i];
   };
+  const write = (port, timestamp, key, value) => {
+    out.u32(port); out.i64(timestamp); out.u32(key.length); out.u32(value.length);
+    out.bytes(key); out.bytes(value);
+  };
+  const keyed = () => {
+    if (!current) throw new Error('keyed state and timers need a key: use them in process or onTimer');
+    return current;
+  };
   const ctx = {
     task: () => info,
+    /** The current record's (or timer's) key, as bytes. */
+    key() { return keyed().key; },
+    /** The current record's (or timer's) timestamp, ms. */
+    timestamp() { return keyed().timestamp; },
     /** The value of `state` for the current record's key (undefined if none). */
-    get(state) { return tableOf(state)[group(current.keyGroup)].get(current.k); },
+    get(state) { return tableOf(state)[group(keyed().keyGroup)].get(current.k); },
     /** Sets the value of `state` for the current record's key. */
-    set(state, v) { tableOf(state)[group(current.keyGroup)].set(current.k, v); },
+    set(state, v) { tableOf(state)[group(keyed().keyGroup)].set(current.k, v); },
     /** Replaces the value with `f(old)` and returns it. */
-    update(state, f) { const t = tableOf(state)[group(current.keyGroup)]; const v = f(t.get(current.k)); t.set(current.k, v); return v; },
+    update(state, f) { const t = tableOf(state)[group(keyed().keyGroup)]; const v = f(t.get(current.k)); t.set(current.k, v); return v; },
+    /** Removes the value of `state` for the current record's key. */
+    remove(state) { tableOf(state)[group(keyed().keyGroup)].delete(current.k); },
     /** Emits `(key, value)` (bytes) on the main output (port 0) or side output `port`. */
-    emit(key, value, port = 0) {
-      out.u32(port); out.i64(current ? current.timestamp : 0); out.u32(key.length); out.u32(value.length);
-      out.bytes(key); out.bytes(value);
+    emit(key, value, port = 0) { write(port, current ? current.timestamp : 0, key, value); },
+    /** Emits `(key, value)` with event time `timestamp` (ms). */
+    emitAt(key, value, timestamp, port = 0) { write(port, timestamp, key, value); },
+    /** Asks for `onTimer` for the current key when the watermark reaches `time` (once per time). */
+    registerEventTimer(time) { const c = keyed(); timers.register('event-time', c.keyGroup, c.key, time); },
+    /** Cancels it (unknown timers are ignored). */
+    deleteEventTimer(time) { const c = keyed(); timers.delete('event-time', c.keyGroup, c.key, time); },
+    /** The watermark of the last on-watermark call (i64::MIN, as a Number, before the first). */
+    watermark() { return watermark; },
+    [declared]: {
+      codec(name) {
+        const s = states.find((d) => d.name === name);
+        if (!s) throw new Error(`state \`${name}\` is not declared in \`${spec.name}\`'s states`);
+        return s.codec;
+      },
+      port(name) {
+        const i = sideOutputs.indexOf(name);
+        if (i < 0) throw new Error(`late records go to side output \`${name}\`, which \`${spec.name}\` does not declare in sideOutputs`);
+        return i + 1;
+      },
     },
   };
   const flush = () => {
     if (out.len > 0) emitBatch(out.take());
     out = new Writer();
+  };
+  // Calls `f(record)` for every record of a framed batch (see wit/operator.wit).
+  const eachRecord = (batch, f) => {
+    const dv = new DataView(batch.buffer, batch.byteOffset, batch.byteLength);
+    let pos = 0;
+    while (pos < batch.length) {
+      const keyGroup = dv.getUint32(pos, true);
+      const lo = dv.getUint32(pos + 4, true), hi = dv.getInt32(pos + 8, true);
+      const timestamp = hi * 4294967296 + lo;
+      const klen = dv.getUint32(pos + 12, true);
+      const vlen = dv.getUint32(pos + 16, true);
+      const key = batch.subarray(pos + 20, pos + 20 + klen);
+      const value = batch.subarray(pos + 20 + klen, pos + 20 + klen + vlen);
+      pos += 20 + klen + vlen;
+      f({ keyGroup, timestamp, key, value, k: keyString(key) });
+    }
   };
 
   return {
@@ -185,7 +257,7 @@ export function operator(spec) {
       return {
         name: spec.name, version: spec.version, stateSchemaVersion: spec.schemaVersion || 1, migratesFrom,
         states: states.map((s) => ({ name: s.name, kind: 'value', keyed: true, redistribution: 'none' })),
-        sideOutputs: spec.sideOutputs || [],
+        sideOutputs,
       };
     },
     setup(config) {
@@ -195,18 +267,9 @@ export function operator(spec) {
       if (spec.open) spec.open(ctx, Object.fromEntries(config));
     },
     process(batch) {
-      const dv = new DataView(batch.buffer, batch.byteOffset, batch.byteLength);
-      let pos = 0, index = 0;
-      while (pos < batch.length) {
-        const keyGroup = dv.getUint32(pos, true);
-        const lo = dv.getUint32(pos + 4, true), hi = dv.getInt32(pos + 8, true);
-        const timestamp = hi * 4294967296 + lo;
-        const klen = dv.getUint32(pos + 12, true);
-        const vlen = dv.getUint32(pos + 16, true);
-        const key = batch.subarray(pos + 20, pos + 20 + klen);
-        const value = batch.subarray(pos + 20 + klen, pos + 20 + klen + vlen);
-        pos += 20 + klen + vlen;
-        current = { keyGroup, timestamp, key, value, k: keyString(key) };
+      let index = 0;
+      eachRecord(batch, (rec) => {
+        current = rec;
         try {
           spec.process(ctx, current);
         } catch (e) {
@@ -216,12 +279,19 @@ export function operator(spec) {
           throw new Error(`record ${index}: ${e && e.message !== undefined ? e.message : e}`);
         }
         index++;
-      }
+      });
       current = null;
       flush();
     },
-    onTimer(domain, timers) { },
-    onWatermark(watermark) { },
+    onTimer(domain, due) {
+      try {
+        if (spec.onTimer) eachRecord(due, (timer) => { current = timer; spec.onTimer(ctx, domain, timer); });
+      } finally {
+        current = null;
+        flush();
+      }
+    },
+    onWatermark(wm) { watermark = wm; },
     snapshot(checkpointId, mode) {
       const keyed = [];
       const n = info.keyGroupEnd - info.keyGroupStart;
@@ -284,4 +354,87 @@ function toJson(v) {
     if (x instanceof Uint8Array) return Array.from(x);
     return x;
   });
+}
+
+// ---- tumbling windows -------------------------------------------------------------------
+//
+// The per-key rules of the Rust SDK's `window::book`, on a key's list of `[start, end, acc]`:
+// a window takes records until the watermark reaches its cleanup time, `end - 1 + lateness`;
+// it has a timer at `end - 1` (unless the watermark is already there: then each record fires
+// it at once) and one at its cleanup time, when it is removed.
+
+/** One window, `[start, end)` in ms; complete when the watermark reaches `maxTimestamp` (end - 1). */
+const window = (start, end) => ({ start, end, maxTimestamp: end - 1 });
+
+/**
+ * Tumbling event-time windows (call in `open`): `sizeMs` long, starting at multiples of the
+ * size plus `offsetMs` (negative timestamps too), kept with an accumulator each in the keyed
+ * state `state` (declared with codec `windows(accCodec)`). Options: `sizeMs`, `offsetMs` (0),
+ * `latenessMs` (0: how long after its end a window still takes records, each firing it
+ * again), `lateOutput` (a declared side output for late records; else they are dropped),
+ * `initial` (a new window's accumulator), `add(acc, rec) -> acc`, `fire(ctx, window, acc)`
+ * (`window`: `start`, `end`, `maxTimestamp`; `ctx.key()` is its key). Returns `{ add(ctx, rec)
+ * -> taken?, onTimer(ctx, domain) }`: call them from `process` and `onTimer`. A key's state is
+ * removed once the watermark has passed all its windows plus lateness.
+ */
+export function tumbling(ctx, state, { sizeMs, offsetMs = 0, latenessMs = 0, lateOutput, initial, add, fire }) {
+  const size = Number(sizeMs), offset = Number(offsetMs), lateness = Number(latenessMs);
+  if (!Number.isSafeInteger(size) || size <= 0) throw new Error(`a tumbling window's size must be positive, not ${sizeMs} ms`);
+  if (!Number.isSafeInteger(offset) || Math.abs(offset) >= size) {
+    throw new Error(`a tumbling window's offset (${offsetMs} ms) must be smaller than its size (${size} ms)`);
+  }
+  if (!Number.isSafeInteger(lateness) || lateness < 0) throw new Error(`allowed lateness must be 0 or more, not ${latenessMs} ms`);
+  if (typeof add !== 'function' || typeof fire !== 'function') throw new Error(`windows \`${state}\`: add and fire must be functions`);
+  const accCodec = ctx[declared].codec(state).acc;
+  if (!accCodec) throw new Error(`windows \`${state}\`: declare the state with codec \`windows(accumulatorCodec)\``);
+  // Every new window starts from its own copy of `initial` (an `add` may change it in place).
+  const initialBytes = encode(accCodec, initial);
+  const latePort = lateOutput === undefined || lateOutput === null ? 0 : ctx[declared].port(lateOutput);
+  const cleanup = (end) => end - 1 + lateness;
+  // The place of the window starting at `start` in the sorted `open` (tumbling: starts are distinct).
+  const place = (open, start) => {
+    let lo = 0, hi = open.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (open[mid][0] < start) lo = mid + 1; else hi = mid; }
+    return lo;
+  };
+  return {
+    /** Adds `rec` (of the current key) to its window; false when it was late. */
+    add(ctx, rec) {
+      const ts = rec.timestamp;
+      const start = ts - ((((ts - offset) % size) + size) % size);
+      const end = start + size;
+      const wm = ctx.watermark();
+      if (cleanup(end) <= wm) {
+        if (latePort) ctx.emit(rec.key, rec.value, latePort);
+        return false;
+      }
+      const had = ctx.get(state);
+      const open = had || [];
+      const i = place(open, start);
+      const found = i < open.length && open[i][0] === start;
+      const acc = add(found ? open[i][2] : decode(accCodec, initialBytes), rec);
+      if (found) {
+        open[i][2] = acc;
+      } else {
+        open.splice(i, 0, [start, end, acc]);
+        if (!had) ctx.set(state, open);
+        if (end - 1 > wm) ctx.registerEventTimer(end - 1);
+        if (lateness !== 0) ctx.registerEventTimer(cleanup(end));
+      }
+      // Past its end, within lateness: the record changed a fired window; fire it again.
+      if (end - 1 <= wm) fire(ctx, window(start, end), acc);
+      return true;
+    },
+    /** Fires the current key's windows ending at the timer, removes those past their lateness. */
+    onTimer(ctx, domain) {
+      if (domain !== 'event-time') return;
+      const open = ctx.get(state);
+      if (open === undefined) return;
+      const time = ctx.timestamp();
+      for (const [start, end, acc] of open) if (end - 1 === time) fire(ctx, window(start, end), acc);
+      const kept = open.filter(([, end]) => cleanup(end) > time);
+      if (kept.length === 0) ctx.remove(state);
+      else if (kept.length !== open.length) ctx.set(state, kept);
+    },
+  };
 }

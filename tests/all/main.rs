@@ -12,6 +12,7 @@ mod examples;
 mod kafka;
 mod kafka_jobs;
 mod lang;
+mod lang_windows;
 mod newcomer;
 mod nexmark;
 mod ops;

@@ -19,28 +19,28 @@ use crate::savepoints::{start, wait_records};
 use crate::support::{committed_lines, component, scratch, toml_path};
 
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     Tumbling,
     Sliding,
     Session,
 }
 
 #[derive(Clone, Copy)]
-struct Spec {
-    kind: Kind,
-    size: i64,
-    slide: i64,
-    gap: i64,
-    lateness: i64,
-    aggregate: &'static str,
-    delay: i64,
-    batch: usize,
+pub(crate) struct Spec {
+    pub(crate) kind: Kind,
+    pub(crate) size: i64,
+    pub(crate) slide: i64,
+    pub(crate) gap: i64,
+    pub(crate) lateness: i64,
+    pub(crate) aggregate: &'static str,
+    pub(crate) delay: i64,
+    pub(crate) batch: usize,
 }
 
-const TUMBLING: Spec =
+pub(crate) const TUMBLING: Spec =
     Spec { kind: Kind::Tumbling, size: 10, slide: 10, gap: 0, lateness: 5, aggregate: "count", delay: 3, batch: 4 };
 
-struct Line {
+pub(crate) struct Line {
     key: String,
     ts: i64,
     value: String,
@@ -55,7 +55,7 @@ impl Line {
 /// `n` lines over 7 keys, timestamps rising 2 ms per line with jitter in [-15, +5] (so some
 /// records arrive behind the watermark), after a few lines that sit on window edges and at
 /// negative times.
-fn input(n: usize, seed: u64) -> Vec<Line> {
+pub(crate) fn input(n: usize, seed: u64) -> Vec<Line> {
     let mut s = seed;
     let mut next = |m: u64| {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -198,7 +198,7 @@ fn advance(spec: &Spec, open: &mut BTreeMap<&str, Vec<Open>>, old: i64, new: i64
     }
 }
 
-fn job(spec: &Spec, p: u32, extra_source: &str, checkpoints: bool) -> String {
+pub(crate) fn job(spec: &Spec, component: &Path, p: u32, extra_source: &str, checkpoints: bool) -> String {
     let kind = match spec.kind {
         Kind::Tumbling => "tumbling",
         Kind::Sliding => "sliding",
@@ -217,7 +217,7 @@ fn job(spec: &Spec, p: u32, extra_source: &str, checkpoints: bool) -> String {
          [[sink]]\nid = \"late\"\ntype = \"file\"\npath = \"late\"\ninputs = [{{ from = \"win\", output = \"late\" }}]\n",
         batch = spec.batch,
         delay = spec.delay,
-        comp = toml_path(&component("test_windows")),
+        comp = toml_path(component),
         size = spec.size,
         slide = spec.slide,
         gap = spec.gap,
@@ -226,17 +226,24 @@ fn job(spec: &Spec, p: u32, extra_source: &str, checkpoints: bool) -> String {
     )
 }
 
-fn write_input(dir: &Path, lines: &[Line]) {
+pub(crate) fn write_input(dir: &Path, lines: &[Line]) {
     let text: String = lines.iter().map(|l| l.text() + "\n").collect();
     std::fs::write(dir.join("input.txt"), text).unwrap();
 }
 
-/// Runs `spec` at parallelism `p` over `lines` (with `faults`, checkpointing then) and checks
-/// both outputs against the reference; returns the reference.
-fn check(spec: &Spec, p: u32, lines: &[Line], faults: Option<Arc<FaultPlan>>) -> (Vec<String>, Vec<String>) {
+/// Runs `spec` through `component` at parallelism `p` over `lines` (with `faults`,
+/// checkpointing then) and checks both outputs against the reference; returns the reference.
+pub(crate) fn check(
+    component: &Path,
+    spec: &Spec,
+    p: u32,
+    lines: &[Line],
+    faults: Option<Arc<FaultPlan>>,
+) -> (Vec<String>, Vec<String>) {
     let d = scratch();
     write_input(d.path(), lines);
-    let summary = crate::connectors::run(d.path(), &job(spec, p, "", faults.is_some()), faults.clone()).unwrap();
+    let summary =
+        crate::connectors::run(d.path(), &job(spec, component, p, "", faults.is_some()), faults.clone()).unwrap();
     if faults.is_some() {
         assert!(summary.attempts > 1, "the planned failures happened");
     }
@@ -257,7 +264,7 @@ fn assert_same(got: &[String], want: &[String], what: &str) {
 #[test]
 fn window_tumbling_counts_with_lateness_and_late_side_output_match_the_reference() {
     let lines = input(3000, 1);
-    let (out, late) = check(&TUMBLING, 2, &lines, None);
+    let (out, late) = check(&component("test_windows"), &TUMBLING, 2, &lines, None);
     // Edges: half-open windows, negative time.
     for l in ["edge 0 10 2", "edge 10 20 1", "neg -10 0 2", "neg -20 -10 1"] {
         assert!(out.contains(&l.to_string()), "{l} in {:?}", &out[..8]);
@@ -275,7 +282,7 @@ fn window_tumbling_counts_with_lateness_and_late_side_output_match_the_reference
 #[test]
 fn window_sliding_sums_match_the_reference() {
     let spec = Spec { kind: Kind::Sliding, size: 30, slide: 10, lateness: 0, aggregate: "sum", ..TUMBLING };
-    let (out, _) = check(&spec, 3, &input(3000, 2), None);
+    let (out, _) = check(&component("test_windows"), &spec, 3, &input(3000, 2), None);
     // Values of the edge lines: 3 at 0, 4 at 9, 5 at 10.
     assert!(out.contains(&"edge 0 30 12".to_string()) && out.contains(&"edge -20 10 7".to_string()), "{:?}", &out[..8]);
 }
@@ -284,7 +291,7 @@ fn window_sliding_sums_match_the_reference() {
 fn window_sessions_merge_and_hand_every_record_to_their_window() {
     let spec = Spec { kind: Kind::Session, gap: 8, lateness: 4, aggregate: "all", ..TUMBLING };
     let lines = input(3000, 3);
-    let (out, late) = check(&spec, 2, &lines, None);
+    let (out, late) = check(&component("test_windows"), &spec, 2, &lines, None);
     // edge: [0, 8) ends before 9's [9, 17) starts; 10's [10, 18) merges with it.
     assert!(out.contains(&"edge 0 8 3".to_string()) && out.contains(&"edge 9 18 4+5".to_string()), "{:?}", &out[..8]);
     let merged = out.iter().filter(|l| l.split(' ').nth(3).unwrap().contains('+')).count();
@@ -303,7 +310,7 @@ fn window_results_hold_through_seeded_failures_and_restores() {
             3,
             &[FaultKind::GuestTrap, FaultKind::HostPanic, FaultKind::DuringCheckpoint],
         );
-        check(&TUMBLING, 2, &lines, Some(Arc::new(plan)));
+        check(&component("test_windows"), &TUMBLING, 2, &lines, Some(Arc::new(plan)));
     }
 }
 
@@ -314,14 +321,14 @@ fn window_open_windows_move_with_a_savepoint_to_another_parallelism() {
     let lines = input(3000, 5);
     let d = scratch();
     write_input(d.path(), &lines);
-    let r = start(d.path(), &job(&spec, 2, "rate = 3000\n", true), None, false);
+    let r = start(d.path(), &job(&spec, &component("test_windows"), 2, "rate = 3000\n", true), None, false);
     wait_records(&r, "win", 1000);
     let sp = d.path().join("sp");
     let mut r = r;
     r.handle.savepoint(Some(sp.clone()), true, Duration::from_secs(60)).unwrap();
     r.join().unwrap();
     let before = committed_lines(&d.path().join("out")).len();
-    let mut r = start(d.path(), &job(&spec, 3, "", true), Some(sp), false);
+    let mut r = start(d.path(), &job(&spec, &component("test_windows"), 3, "", true), Some(sp), false);
     r.join().unwrap();
     let expected = reference(&spec, &lines);
     assert!(before > 0 && before < expected.0.len(), "stopped midway: {before} of {}", expected.0.len());
@@ -337,7 +344,7 @@ fn window_state_is_gone_once_the_watermark_passes_the_window_and_its_lateness() 
     lines.push(Line { key: "z".into(), ts: 1000, value: "z".into() });
     let d = scratch();
     write_input(d.path(), &lines);
-    let mut r = start(d.path(), &job(&spec, 2, "", true), None, false);
+    let mut r = start(d.path(), &job(&spec, &component("test_windows"), 2, "", true), None, false);
     // The end of input is held: the watermark stops at 1000 - 3, past every k window + 20.
     let t0 = Instant::now();
     while !r.handle.status().nodes.iter().any(|n| n.uid == "win" && n.watermark == Some(997)) {
@@ -368,15 +375,17 @@ fn window_definitions_that_cannot_work_are_refused_before_any_record() {
         (Spec { kind: Kind::Session, gap: 0, ..TUMBLING }, "session gap must be positive"),
         (Spec { lateness: -1, ..TUMBLING }, "allowed lateness must be 0 or more"),
     ] {
-        let e = crate::connectors::run(d.path(), &job(&spec, 1, "", false), None).unwrap_err();
+        let e =
+            crate::connectors::run(d.path(), &job(&spec, &component("test_windows"), 1, "", false), None).unwrap_err();
         assert!(e.contains(says) && e.contains("win"), "{e}");
     }
     assert!(committed_lines(&d.path().join("out")).is_empty());
     // The source's own options.
-    let bad = job(&TUMBLING, 1, "", false).replace("timestamp_column = 1\n", "");
+    let bad = job(&TUMBLING, &component("test_windows"), 1, "", false).replace("timestamp_column = 1\n", "");
     let e = crate::connectors::run(d.path(), &bad, None).unwrap_err();
     assert!(e.contains("`watermark_delay_ms` needs `timestamp_column"), "{e}");
     std::fs::write(d.path().join("input.txt"), "a,1,x\nb,noon,y\n").unwrap();
-    let e = crate::connectors::run(d.path(), &job(&TUMBLING, 1, "", false), None).unwrap_err();
+    let e =
+        crate::connectors::run(d.path(), &job(&TUMBLING, &component("test_windows"), 1, "", false), None).unwrap_err();
     assert!(e.contains("line 2 of") && e.contains("input.txt") && e.contains("`noon`, not a timestamp"), "{e}");
 }

@@ -14,17 +14,28 @@ language restores into the same schema in another.
 
 Keyed state lives in the guest, one dict per key group per state; `snapshot` serializes the
 key groups, `restore` reads them back (calling `migrate(state, from_schema, data)` for older
-schemas). Values use bincode-1 codecs (`u64`, `i64`, `string`, `bytes`, `struct(...)`).
-Output is buffered and handed to the host once per call. An exception fails the call (the
-host restarts the job from its last checkpoint).
+schemas). Values use bincode-1 codecs (`u64`, `i64`, `string`, `bytes_`, `struct(...)`,
+`list_(...)`). Output is buffered and handed to the host once per call. An exception fails the
+call (the host restarts the job from its last checkpoint).
+
+Event time: `on_timer_due(ctx, domain, timer)` gets the key's timers
+(`ctx.register_event_timer`), `ctx.watermark()` is the last watermark, and `weir.tumbling(ctx,
+state, ...)` keeps tumbling windows with an accumulator per window in one keyed state (codec
+`weir.windows(acc)`), laid out as the Rust SDK's `Windows<A>`.
 """
 
 import struct as _struct
+from bisect import bisect_left as _bisect_left
+from operator import itemgetter as _itemgetter
 from types import SimpleNamespace as _Ns
 
 import wit_world
 from componentize_py_types import Err
-from wit_world.imports import collector, context, types
+from wit_world.imports import collector, context, timers, types
+
+TimeDomain = types.TimeDomain
+EVENT_TIME = types.TimeDomain.EVENT_TIME
+PROCESSING_TIME = types.TimeDomain.PROCESSING_TIME
 
 # ---- bincode 1 codecs ---------------------------------------------------------------------
 
@@ -86,6 +97,49 @@ def struct(*fields):
     return Codec(write, read)
 
 
+def list_(codec):
+    """A Rust `Vec` of `codec` values (u64 length + elements); values are lists."""
+
+    def write(out, v):
+        out.extend(_struct.pack("<Q", len(v)))
+        for x in v:
+            codec.write(out, x)
+
+    def read(b, pos):
+        n, pos = _read_u64(b, pos)
+        vals = []
+        for _ in range(n):
+            x, pos = codec.read(b, pos)
+            vals.append(x)
+        return vals, pos
+
+    return Codec(write, read)
+
+
+def windows(acc):
+    """The codec of a windows state (see `tumbling`): a key's open windows, sorted, each a list
+    `[start, end, acc]`; the Rust SDK's `Vec<(Window, A)>`."""
+
+    def write(out, v):
+        out.extend(_struct.pack("<Q", len(v)))
+        for start, end, a in v:
+            out.extend(_struct.pack("<qq", start, end))
+            acc.write(out, a)
+
+    def read(b, pos):
+        n, pos = _read_u64(b, pos)
+        vals = []
+        for _ in range(n):
+            start, end = _struct.unpack_from("<qq", b, pos)
+            a, pos = acc.read(b, pos + 16)
+            vals.append([start, end, a])
+        return vals, pos
+
+    codec = Codec(write, read)
+    codec.acc = acc
+    return codec
+
+
 # ---- records and context ------------------------------------------------------------------
 
 
@@ -129,20 +183,47 @@ class Context:
         t[self.record.key] = v
         return v
 
+    def remove(self, state):
+        """Removes the value of `state` for the current record's key (if any)."""
+        self._table(state).pop(self.record.key, None)
+
     def emit(self, key, value, port=0):
         """Emits `(key, value)` (bytes) on the main output (port 0) or side output `port`."""
-        ts = self.record.timestamp if self.record else 0
+        self.emit_at(key, value, self.record.timestamp if self.record else 0, port)
+
+    def emit_at(self, key, value, timestamp, port=0):
+        """Emits `(key, value)` with event time `timestamp` (ms)."""
         out = _G.out
-        out += _struct.pack("<IqII", port, ts, len(key), len(value))
+        out += _HEAD.pack(port, timestamp, len(key), len(value))
         out += key
         out += value
+
+    def register_event_timer(self, time):
+        """Asks for `on_timer_due` for the current key when the watermark reaches `time` (once
+        per time)."""
+        r = self._keyed()
+        timers.register(EVENT_TIME, r.key_group, r.key, time)
+
+    def delete_event_timer(self, time):
+        """Cancels it (unknown timers are ignored)."""
+        r = self._keyed()
+        timers.delete(EVENT_TIME, r.key_group, r.key, time)
+
+    def watermark(self):
+        """The watermark of the last on-watermark call (i64 minimum before the first)."""
+        return _G.watermark
+
+    def _keyed(self):
+        if self.record is None:
+            raise ValueError("keyed state and timers need a key: use them in on_record or on_timer_due")
+        return self.record
 
 
 _HEAD = _struct.Struct("<IqII")
 
 # componentize-py creates the `WitWorld` object anew for every export call, so what must live
 # from call to call (task, keyed state, output buffer) lives here, once per instance.
-_G = _Ns(task=None, index={}, tables=[], out=bytearray(), ctx=None)
+_G = _Ns(task=None, index={}, tables=[], out=bytearray(), ctx=None, watermark=-(2**63), operator=None)
 
 
 class Operator(wit_world.WitWorld):
@@ -150,9 +231,9 @@ class Operator(wit_world.WitWorld):
 
     Class attributes: NAME, VERSION, SCHEMA_VERSION (default 1), MIGRATES_FROM (older
     schemas), STATES (list of (name, codec): keyed value states), SIDE_OUTPUTS. Methods:
-    `on_open(ctx, config)`, `on_record(ctx, rec)`, `on_close(ctx)`,
-    `migrate(state, from_schema, data) -> bytes`. componentize-py makes a new object for every
-    call: keep state in the declared STATES (or module globals), not on `self`.
+    `on_open(ctx, config)`, `on_record(ctx, rec)`, `on_timer_due(ctx, domain, timer)`,
+    `on_close(ctx)`, `migrate(state, from_schema, data) -> bytes`. componentize-py makes a new
+    object for every call: keep state in the declared STATES (or module globals), not on `self`.
     """
 
     NAME = "python-operator"
@@ -167,6 +248,9 @@ class Operator(wit_world.WitWorld):
 
     def on_record(self, ctx, rec):
         raise NotImplementedError
+
+    def on_timer_due(self, ctx, domain, timer):
+        """A timer of `timer.key` came due at `timer.timestamp` (`domain`: weir.EVENT_TIME)."""
 
     def on_close(self, ctx):
         pass
@@ -204,6 +288,8 @@ class Operator(wit_world.WitWorld):
             _G.index = {name: i for i, (name, _) in enumerate(self.STATES)}
             _G.tables = [[{} for _ in range(n)] for _ in self.STATES]
             _G.out = bytearray()
+            _G.watermark = -(2**63)
+            _G.operator = self
             _G.ctx = Context(self)
             self.on_open(_G.ctx, dict(config))
 
@@ -238,10 +324,25 @@ class Operator(wit_world.WitWorld):
         self._guard(run)
 
     def on_timer(self, domain, timers):
-        pass
+        def run():
+            b = memoryview(timers)
+            pos, end = 0, len(timers)
+            ctx = _G.ctx
+            try:
+                while pos < end:
+                    tag, ts, klen, vlen = _HEAD.unpack_from(b, pos)
+                    k0 = pos + 20
+                    ctx.record = Record(tag, ts, bytes(b[k0 : k0 + klen]), b"")
+                    pos = k0 + klen + vlen
+                    self.on_timer_due(ctx, domain, ctx.record)
+            finally:
+                ctx.record = None
+                self._flush()
+
+        self._guard(run)
 
     def on_watermark(self, watermark):
-        pass
+        _G.watermark = watermark
 
     def snapshot(self, checkpoint_id, mode):
         def run():
@@ -315,3 +416,131 @@ class Operator(wit_world.WitWorld):
             self._flush()
 
         self._guard(run)
+
+
+# ---- tumbling windows ---------------------------------------------------------------------
+#
+# The per-key rules of the Rust SDK's `window::book`, on a key's list of `[start, end, acc]`:
+# a window takes records until the watermark reaches its cleanup time, `end - 1 + lateness`;
+# it has a timer at `end - 1` (unless the watermark is already there: then each record fires
+# it at once) and one at its cleanup time, when it is removed.
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_START = _itemgetter(0)  # a window's start, in a key's list of [start, end, acc]
+
+
+def _saturate(v):
+    return _I64_MIN if v < _I64_MIN else _I64_MAX if v > _I64_MAX else v
+
+
+class Window:
+    """One window, `[start, end)` in ms; complete when the watermark reaches `max_timestamp`."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    @property
+    def max_timestamp(self):
+        return self.end - 1
+
+    def __repr__(self):
+        return f"Window({self.start}, {self.end})"
+
+
+class Windows:
+    """Tumbling windows of one keyed state; made by `tumbling`. Call `add` from `on_record` and
+    `on_timer` from `on_timer_due`. The callbacks must not touch the windows' state."""
+
+    def __init__(self, state, size, offset, lateness, late_port, initial, add, fire):
+        self.state, self.size, self.offset, self.lateness = state, size, offset, lateness
+        self.late_port, self.add_fn, self.fire = late_port, add, fire
+        self.acc = _G.operator.STATES[_G.index[state]][1].acc
+        # Every new window starts from its own copy of `initial` (an `add` may change it).
+        self.initial = self.acc.encode(initial)
+
+    def add(self, ctx, rec):
+        """Adds `rec` (of the current key) to its window; False when it was late."""
+        ts = rec.timestamp
+        start = ts - (ts - self.offset) % self.size  # Python's % is Euclidean for size > 0
+        end = _saturate(start + self.size)
+        cleanup = _saturate(end - 1 + self.lateness)
+        wm = _G.watermark
+        if cleanup <= wm:
+            if self.late_port:
+                ctx.emit(rec.key, rec.value, self.late_port)
+            return False
+        table = ctx._table(self.state)
+        had = table.get(rec.key)
+        open_ = had if had is not None else []
+        i = _bisect_left(open_, start, key=_START)
+        found = i < len(open_) and open_[i][0] == start
+        acc = self.add_fn(open_[i][2] if found else self.acc.decode(self.initial), rec)
+        if found:
+            open_[i][2] = acc
+        else:
+            open_.insert(i, [start, end, acc])
+            if had is None:
+                table[rec.key] = open_
+            if end - 1 > wm:
+                ctx.register_event_timer(end - 1)
+            if cleanup != end - 1:
+                ctx.register_event_timer(cleanup)
+        # Past its end, within lateness: the record changed a fired window; fire it again.
+        if end - 1 <= wm:
+            self.fire(ctx, Window(start, end), acc)
+        return True
+
+    def on_timer(self, ctx, domain):
+        """Fires the current key's windows ending at the timer and removes those past their
+        lateness; processing-time timers are not the windows': ignored."""
+        if domain != EVENT_TIME:
+            return
+        table = ctx._table(self.state)
+        key = ctx.record.key
+        open_ = table.get(key)
+        if open_ is None:
+            return
+        time = ctx.record.timestamp
+        for start, end, acc in open_:
+            if end - 1 == time:
+                self.fire(ctx, Window(start, end), acc)
+        kept = [w for w in open_ if _saturate(w[1] - 1 + self.lateness) > time]
+        if not kept:
+            del table[key]
+        elif len(kept) != len(open_):
+            table[key] = kept
+
+
+def tumbling(ctx, state, size_ms, offset_ms=0, lateness_ms=0, late_output=None, *, initial, add, fire):
+    """Tumbling event-time windows (call in `on_open`): `size_ms` long, starting at multiples
+    of the size plus `offset_ms` (negative timestamps too), kept with an accumulator each in
+    the keyed state `state` (declared with codec `weir.windows(acc_codec)`).
+
+    `lateness_ms`: how long after its end a window still takes records (each fires it again);
+    `late_output`: a declared side output for late records (else they are dropped);
+    `initial`: a new window's accumulator; `add(acc, rec) -> acc`; `fire(ctx, window, acc)`
+    (`window.start`, `.end`, `.max_timestamp`; `ctx.record.key` is its key). A key's state is
+    removed once the watermark has passed all its windows plus lateness.
+    """
+    size, offset, lateness = int(size_ms), int(offset_ms), int(lateness_ms)
+    if size <= 0:
+        raise ValueError(f"a tumbling window's size must be positive, not {size} ms")
+    if abs(offset) >= size:
+        raise ValueError(f"a tumbling window's offset ({offset} ms) must be smaller than its size ({size} ms)")
+    if lateness < 0:
+        raise ValueError(f"allowed lateness must be 0 or more, not {lateness} ms")
+    op = _G.operator
+    if state not in _G.index:
+        raise ValueError(f"state `{state}` is not declared in `{op.NAME}`'s STATES")
+    if not hasattr(op.STATES[_G.index[state]][1], "acc"):
+        raise ValueError(f"windows `{state}`: declare the state with codec weir.windows(acc_codec)")
+    late_port = 0
+    if late_output is not None:
+        if late_output not in op.SIDE_OUTPUTS:
+            raise ValueError(
+                f"late records go to side output `{late_output}`, which `{op.NAME}` does not declare in SIDE_OUTPUTS"
+            )
+        late_port = list(op.SIDE_OUTPUTS).index(late_output) + 1
+    return Windows(state, size, offset, lateness, late_port, initial, add, fire)
