@@ -67,7 +67,7 @@ fn reference(query: &str, events: &[Event]) -> Vec<String> {
             .map(|b| format!("{},{},{},{},{}", b.auction, b.bidder, b.price, b.date_time, b.extra))
             .collect(),
         "q1" => bids(events)
-            .map(|b| format!("{},{},{},{}", b.auction, b.bidder, 0.908 * b.price as f64, b.date_time))
+            .map(|b| format!("{},{},{},{}", b.auction, b.bidder, b.price * 908 / 1000, b.date_time))
             .collect(),
         "q2" => bids(events).filter(|b| b.auction % 123 == 0).map(|b| format!("{},{}", b.auction, b.price)).collect(),
         "q4" => {

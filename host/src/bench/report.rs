@@ -38,6 +38,9 @@ pub struct RunReport {
     pub checkpoints: Vec<CheckpointMetrics>,
     /// Peak resident set size of the process.
     pub peak_rss_bytes: u64,
+    /// CPU time (user + system) the process spent in the run, ms.
+    #[serde(default)]
+    pub cpu_ms: f64,
 }
 
 impl RunReport {
@@ -70,6 +73,7 @@ impl RunReport {
                 .collect(),
             checkpoints,
             peak_rss_bytes: peak_rss_bytes(),
+            cpu_ms: 0.0,
         }
     }
 
@@ -77,6 +81,17 @@ impl RunReport {
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(self).expect("a report always serializes"))
     }
+}
+
+/// CPU time (user + system) of this process so far, ms.
+pub fn cpu_ms() -> f64 {
+    // SAFETY: as in `peak_rss_bytes`.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
 }
 
 /// Peak resident set size of this process (`getrusage`, `ru_maxrss`).

@@ -771,11 +771,12 @@ fn run_job(
         };
         let started_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let cpu_before = weir::bench::report::cpu_ms();
         let summary = executor::run(bound, &opts)?;
         if let Some(path) = &report {
-            weir::bench::report::RunReport::new(bound, &summary, started_unix_ms)
-                .write(path)
-                .with_context(|| format!("writing the run report {}", path.display()))?;
+            let mut r = weir::bench::report::RunReport::new(bound, &summary, started_unix_ms);
+            r.cpu_ms = weir::bench::report::cpu_ms() - cpu_before;
+            r.write(path).with_context(|| format!("writing the run report {}", path.display()))?;
         }
         if let Some(sp) = &summary.stopped_with {
             tracing::info!(

@@ -4,7 +4,7 @@
 //! | stage | does |
 //! |---|---|
 //! | `q0` | passes every bid through: `auction,bidder,price,date_time,extra` |
-//! | `q1` | bids with the price in euros: `auction,bidder,0.908 * price,date_time` |
+//! | `q1` | bids with the price in euro cents: `auction,bidder,price * 908 / 1000,date_time` |
 //! | `q2` | `auction,price` of the bids on every 123rd auction |
 //! | `rekey` | re-keys bids by bidder (`by = "bidder"`, q11) or auctions by seller (`by = "seller"`) |
 //! | `split` | persons / side output `auctions` / side output `bids`, for the two-input joins |

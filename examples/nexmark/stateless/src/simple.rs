@@ -36,7 +36,8 @@ fn push_i64(v: &mut Vec<u8>, x: i64) {
     push_u64(v, x.unsigned_abs());
 }
 
-/// q1: bids with the price converted to euros, `auction,bidder,0.908 * price,date_time`.
+/// q1: bids with the price converted to euros, `auction,bidder,euro cents,date_time` (integer
+/// cents, `price * 908 / 1000`, as Beam's Query1 keeps prices integral).
 pub struct Q1;
 
 impl Stage for Q1 {
@@ -45,15 +46,20 @@ impl Stage for Q1 {
             return check_event("q1", rec.value);
         }
         let b = nexmark::bid(rec.value).ok_or_else(|| not_an_event("q1", Error::msg("a short bid")))?;
-        let line = format!("{},{},{},{}", b.auction, b.bidder, euros(b.price), b.date_time);
-        ctx.emit(rec.key, line.as_bytes());
+        ctx.emit_with(rec.key, |v| {
+            for x in [b.auction, b.bidder, euros(b.price)] {
+                push_u64(v, x);
+                v.push(b',');
+            }
+            push_i64(v, b.date_time);
+        });
         Ok(())
     }
 }
 
-/// `0.908 * price` (cents), as q1 defines it.
-pub fn euros(price: u64) -> f64 {
-    0.908 * price as f64
+/// A price in dollar cents as euro cents: `price * 908 / 1000` (no overflow below 2^64 / 908).
+pub fn euros(price: u64) -> u64 {
+    (price as u128 * 908 / 1000) as u64
 }
 
 /// q2: `auction,price` of the bids on auctions whose id is a multiple of 123.
