@@ -19,7 +19,7 @@
 //! - Randomness: a splitmix64 stream seeded by `(seed, event id)`; not Java's `Random`, so the
 //!   values differ from Beam's while their distributions are the same.
 
-use super::model::{Auction, Event, Person};
+use super::model::Event;
 use crate::connectors::generator::splitmix64;
 
 const PERSON_PROPORTION: u64 = 1;
@@ -110,37 +110,28 @@ impl Params {
         self.timestamp((next / g) * g) - 1
     }
 
-    /// The event at stream position `i`.
+    /// The event at stream position `i` (decoded from what [`Params::encode`] writes).
     pub fn event(&self, i: u64) -> Event {
-        let n = self.adjusted(i);
-        let mut r = Rng(splitmix64(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
-        let ts = self.timestamp(n);
-        match kind(n) {
-            Kind::Person => Event::Person(person(n, ts, &mut r)),
-            Kind::Auction => Event::Auction(self.auction(n, ts, &mut r)),
-            Kind::Bid => {
-                let mut out = Vec::with_capacity(160);
-                write_bid(n, ts, &mut r, &mut out);
-                Event::decode(&out).expect("a bid just encoded decodes")
-            }
-        }
+        let mut out = Vec::with_capacity(512);
+        self.encode(i, &mut out);
+        Event::decode(&out).expect("an event just encoded decodes")
     }
 
-    /// Appends the encoding of the event at position `i` to `out` (as `event(i).encode`, but
-    /// bids, 46 of every 50 events, are written straight into `out`); its key and timestamp.
+    /// Appends the encoding of the event at position `i` (the layout of `model.rs`) to `out`,
+    /// written in place without building strings; its key and timestamp.
     pub fn encode(&self, i: u64, out: &mut Vec<u8>) -> (u64, i64) {
         let n = self.adjusted(i);
-        if kind(n) != Kind::Bid {
-            let e = self.event(i);
-            e.encode(out);
-            return (e.key(), e.date_time());
-        }
         let mut r = Rng(splitmix64(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
         let ts = self.timestamp(n);
-        (write_bid(n, ts, &mut r, out), ts)
+        let key = match kind(n) {
+            Kind::Person => write_person(n, ts, &mut r, out),
+            Kind::Auction => self.write_auction(n, ts, &mut r, out),
+            Kind::Bid => write_bid(n, ts, &mut r, out),
+        };
+        (key, ts)
     }
 
-    fn auction(&self, n: u64, ts: i64, r: &mut Rng) -> Auction {
+    fn write_auction(&self, n: u64, ts: i64, r: &mut Rng, out: &mut Vec<u8>) -> u64 {
         let id = last_auction(n) + FIRST_AUCTION_ID;
         let seller = if r.below(HOT_SELLERS_1_IN) > 0 {
             (last_person(n) / HOT_SELLER_RATIO) * HOT_SELLER_RATIO
@@ -153,25 +144,57 @@ impl Params {
         let ahead = NUM_IN_FLIGHT_AUCTIONS * TOTAL_PROPORTION / AUCTION_PROPORTION;
         let horizon = (self.timestamp(n + ahead) - ts).max(0) as u64;
         let expires = ts + 1 + r.below((horizon * 2).max(1)) as i64;
-        let item_name = r.word(20);
-        let description = r.word(100);
+        let (mut item_name, mut description) = ([0u8; 128], [0u8; 128]);
+        let item_name = r.word_into(20, &mut item_name);
+        let description = r.word_into(100, &mut description);
         let reserve = initial_bid + price(r);
+        out.push(super::model::AUCTION);
+        for v in [id, initial_bid, reserve, ts as u64, expires as u64, seller, category] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        put(out, item_name);
+        put(out, description);
         let size = 8 * 7 + item_name.len() + description.len();
-        let extra = r.extra(size, AVG_AUCTION_BYTES);
-        Auction { id, initial_bid, reserve, date_time: ts, expires, seller, category, item_name, description, extra }
+        put_extra(r, size, AVG_AUCTION_BYTES, out);
+        id
     }
 }
 
-fn person(n: u64, ts: i64, r: &mut Rng) -> Person {
+fn write_person(n: u64, ts: i64, r: &mut Rng, out: &mut Vec<u8>) -> u64 {
     let id = last_person(n) + FIRST_PERSON_ID;
-    let name = format!("{} {}", FIRST_NAMES[r.below(11) as usize], LAST_NAMES[r.below(9) as usize]);
-    let email_address = format!("{}@{}.com", r.word(7), r.word(5));
-    let credit_card = (0..4).map(|_| format!("{:04}", r.below(10_000))).collect::<Vec<_>>().join(" ");
-    let city = US_CITIES[r.below(10) as usize].to_string();
-    let state = US_STATES[r.below(6) as usize].to_string();
-    let size = 8 * 2 + name.len() + email_address.len() + credit_card.len() + city.len() + state.len();
-    let extra = r.extra(size, AVG_PERSON_BYTES);
-    Person { id, date_time: ts, name, email_address, credit_card, city, state, extra }
+    out.push(super::model::PERSON);
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&ts.to_le_bytes());
+    let strings = out.len();
+    let first = FIRST_NAMES[r.below(11) as usize].as_bytes();
+    put_parts(out, &[first, b" ", LAST_NAMES[r.below(9) as usize].as_bytes()]);
+    let (mut user, mut domain) = ([0u8; 128], [0u8; 128]);
+    let user = r.word_into(7, &mut user);
+    let domain = r.word_into(5, &mut domain);
+    put_parts(out, &[user, b"@", domain, b".com"]);
+    let mut card = [b' '; 19];
+    for g in 0..4 {
+        let mut v = r.below(10_000);
+        for d in (0..4).rev() {
+            card[g * 5 + d] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    }
+    put(out, &card);
+    put(out, US_CITIES[r.below(10) as usize].as_bytes());
+    put(out, US_STATES[r.below(6) as usize].as_bytes());
+    // 8 * 2 for the numbers, and the strings without their length prefixes.
+    let size = 8 * 2 + (out.len() - strings - 2 * 5);
+    put_extra(r, size, AVG_PERSON_BYTES, out);
+    id
+}
+
+/// The `extra` string of an event of `size` bytes so far.
+fn put_extra(r: &mut Rng, size: usize, average: usize, out: &mut Vec<u8>) {
+    let at = out.len();
+    out.extend_from_slice(&[0, 0]);
+    let len = r.extra_into(size, average, out);
+    out[at..at + 2].copy_from_slice(&(len as u16).to_le_bytes());
 }
 
 /// Writes bid event `n` (at `ts`) in the encoding of [`Event::encode`]; its key (the auction).
@@ -204,10 +227,7 @@ fn write_bid(n: u64, ts: i64, r: &mut Rng, out: &mut Vec<u8>) -> u64 {
         put_parts(out, &[b"https://www.nexmark.com/item.htm?query=1&channel_id=", digits.as_bytes()]);
     }
     let size = 8 * 4 + (out.len() - start - 4);
-    let at = out.len();
-    out.extend_from_slice(&[0, 0]);
-    let len = r.extra_into(size, AVG_BID_BYTES, out);
-    out[at..at + 2].copy_from_slice(&(len as u16).to_le_bytes());
+    put_extra(r, size, AVG_BID_BYTES, out);
     auction
 }
 
@@ -306,30 +326,24 @@ impl Rng {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// A word of 3 to `max - 1` lowercase letters with a space now and then, trimmed.
-    fn word(&mut self, max: u64) -> String {
-        let len = 3 + self.below(max - 3);
-        let mut s = String::with_capacity(len as usize);
+    /// A word of 3 to `max - 1` (<= 128) lowercase letters with a space now and then, written
+    /// into `buf`; the word, trimmed.
+    fn word_into<'b>(&mut self, max: u64, buf: &'b mut [u8; 128]) -> &'b [u8] {
+        let len = (3 + self.below(max - 3)) as usize;
         let mut bits = 0u64;
-        for i in 0..len {
+        for (i, b) in buf[..len].iter_mut().enumerate() {
             if i % 10 == 0 {
                 bits = self.next();
             }
             let c = (bits & 0x3f) % 28;
             bits >>= 6;
-            s.push(if c >= 26 { ' ' } else { (b'a' + c as u8) as char });
+            *b = if c >= 26 { b' ' } else { b'a' + c as u8 };
         }
-        s.trim().to_string()
+        buf[..len].trim_ascii()
     }
 
-    /// Letters padding an event of `size` bytes towards `average` (±20 %), as the reference.
-    fn extra(&mut self, size: usize, average: usize) -> String {
-        let mut v = Vec::new();
-        self.extra_into(size, average, &mut v);
-        String::from_utf8(v).expect("letters")
-    }
-
-    /// [`Rng::extra`], appended to `out`; how many letters.
+    /// Letters padding an event of `size` bytes towards `average` (±20 %, as the reference),
+    /// appended to `out`; how many.
     fn extra_into(&mut self, size: usize, average: usize, out: &mut Vec<u8>) -> usize {
         if size > average {
             return 0;
@@ -391,7 +405,7 @@ mod tests {
     }
 
     #[test]
-    fn encode_writes_what_the_event_model_encodes() {
+    fn encoded_events_decode_and_encode_again_byte_for_byte() {
         let p = Params { out_of_order_group_size: 16, ..params() };
         for i in 0..3000 {
             let (mut fast, mut model) = (Vec::new(), Vec::new());
