@@ -141,28 +141,26 @@ impl Sessions {
     /// removes from `open` every session it absorbed (their state merges into it), then
     /// inserts it, keeping `open` sorted and disjoint.
     pub fn merge(open: &mut Vec<Window>, new: Window) -> (Window, Vec<Window>) {
-        let mut merged = new;
-        let mut absorbed = Vec::new();
-        // Overlapping or touching windows merge (as Flink's `intersects`); a window absorbed
-        // late may reach one kept earlier, so repeat until nothing overlaps.
-        loop {
-            let before = open.len();
-            open.retain(|w| {
-                if w.start <= merged.end && merged.start <= w.end {
-                    merged = Window { start: merged.start.min(w.start), end: merged.end.max(w.end) };
-                    absorbed.push(*w);
-                    false
-                } else {
-                    true
-                }
-            });
-            if open.len() == before {
-                break;
-            }
-        }
-        let at = open.partition_point(|w| w.start < merged.start);
+        let (run, merged) = Sessions::reach(open, |w| *w, new);
+        let at = run.start;
+        let absorbed = open.drain(run).collect();
         open.insert(at, merged);
         (merged, absorbed)
+    }
+
+    /// The sessions of `open` (sorted, disjoint, not touching; `window` reads one) that `new`
+    /// reaches, and the session they make with it. Overlapping or touching windows merge (as
+    /// Flink's `intersects`), so the ones reached are one run: from the first that does not end
+    /// before `new`, while they start by the merged end.
+    pub fn reach<T>(open: &[T], window: impl Fn(&T) -> Window, new: Window) -> (std::ops::Range<usize>, Window) {
+        let lo = open.partition_point(|t| window(t).end < new.start);
+        let (mut merged, mut hi) = (new, lo);
+        while hi < open.len() && window(&open[hi]).start <= merged.end {
+            let w = window(&open[hi]);
+            merged = Window { start: merged.start.min(w.start), end: merged.end.max(w.end) };
+            hi += 1;
+        }
+        (lo..hi, merged)
     }
 }
 

@@ -17,7 +17,7 @@
 //! its cleanup time; so a key's list is empty once the watermark has passed all its windows
 //! plus lateness.
 
-use super::assign::{Assigner, Window};
+use super::assign::{Assigner, Sessions, Window};
 
 /// What adding a record asks of the host.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -104,15 +104,8 @@ impl<A: Default> Rules<A> {
         watermark: i64,
         mut add: impl FnMut(&mut A),
     ) -> Effects {
-        // `open` is sorted, disjoint and not touching, so the sessions `new` reaches are one run:
-        // from the first that does not end before it, while they start by the merged end.
-        let lo = open.partition_point(|(w, _)| w.end < new.start);
-        let (mut merged, mut hi) = (new, lo);
-        while hi < open.len() && open[hi].0.start <= merged.end {
-            let w = open[hi].0;
-            merged = Window { start: merged.start.min(w.start), end: merged.end.max(w.end) };
-            hi += 1;
-        }
+        let (run, merged) = Sessions::reach(open, |(w, _)| *w, new);
+        let (lo, hi) = (run.start, run.end);
         if self.is_late(merged, watermark) {
             return Effects { late: true, ..Effects::default() };
         }

@@ -107,7 +107,7 @@ impl Params {
     /// an earlier timestamp than its group's first.
     pub fn watermark_before(&self, next: u64) -> i64 {
         let g = self.out_of_order_group_size.max(1);
-        self.timestamp((next / g) * g) - 1
+        self.timestamp((next / g) * g).saturating_sub(1)
     }
 
     /// The event at stream position `i` (decoded from what [`Params::encode`] writes).
@@ -142,8 +142,8 @@ impl Params {
         let initial_bid = price(r);
         // Within twice the time 100 more auctions take to open.
         let ahead = NUM_IN_FLIGHT_AUCTIONS * TOTAL_PROPORTION / AUCTION_PROPORTION;
-        let horizon = (self.timestamp(n + ahead) - ts).max(0) as u64;
-        let expires = ts + 1 + r.below((horizon * 2).max(1)) as i64;
+        let horizon = self.timestamp(n.saturating_add(ahead)).saturating_sub(ts).max(0) as u64;
+        let expires = ts.saturating_add(1 + r.below(horizon.saturating_mul(2).max(1)) as i64);
         let (mut item_name, mut description) = ([0u8; 128], [0u8; 128]);
         let item_name = r.word_into(20, &mut item_name);
         let description = r.word_into(100, &mut description);
