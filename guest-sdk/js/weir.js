@@ -21,9 +21,9 @@
 // windows with an accumulator per window in one keyed state (codec `windows(acc)`), laid out
 // as the Rust SDK's `Windows<A>`.
 
-import { emitBatch } from 'weir:operator/collector@0.3.1';
-import { task } from 'weir:operator/context@0.3.1';
-import * as timers from 'weir:operator/timers@0.3.1';
+import { emitBatch } from 'weir:operator/collector@0.3.2';
+import { task } from 'weir:operator/context@0.3.2';
+import * as timers from 'weir:operator/timers@0.3.2';
 
 // ---- bincode 1 codecs -------------------------------------------------------------------
 

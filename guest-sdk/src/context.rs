@@ -13,7 +13,7 @@ use std::rc::Rc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::bindings::{collector, logging, timers, types};
+use crate::bindings::{collector, context, logging, timers, types};
 use crate::info::{OperatorInfo, StateKind};
 use crate::record::{NO_KEY_GROUP, write_record};
 use crate::state::{
@@ -38,6 +38,8 @@ pub(crate) struct Runtime {
     /// The watermark of the last `on-watermark` call (what windows decide lateness by; the
     /// host fires due timers before that call, so it never runs ahead of them).
     pub watermark: i64,
+    /// The host's clock as read once in the current export call (`None` until asked).
+    pub clock: Option<i64>,
 }
 
 impl Runtime {
@@ -51,6 +53,7 @@ impl Runtime {
             blob_hint: (Vec::new(), Vec::new()),
             snapshot: None,
             watermark: i64::MIN,
+            clock: None,
         }
     }
 
@@ -178,6 +181,19 @@ impl<'a> Context<'a> {
     /// Deletes an event-time timer of the current key.
     pub fn delete_event_timer(&mut self, time: i64) {
         timers::delete(types::TimeDomain::EventTime, self.slot_key_group(), self.key, time);
+    }
+
+    /// Deletes a processing-time timer of the current key.
+    pub fn delete_processing_timer(&mut self, time: i64) {
+        timers::delete(types::TimeDomain::ProcessingTime, self.slot_key_group(), self.key, time);
+    }
+
+    /// The host's clock (ms since the Unix epoch), what processing-time timers fire by. Read
+    /// from the host once per batch (every record of a batch sees the same time), so it costs
+    /// no host call per record.
+    #[inline]
+    pub fn processing_time(&mut self) -> i64 {
+        *self.rt.clock.get_or_insert_with(context::current_processing_time)
     }
 
     fn slot_key_group(&self) -> u32 {

@@ -93,6 +93,7 @@ fn for_each_record<Op: Operator>(
     mut f: impl FnMut(&mut Op, &mut Context<'_>, crate::Record<'_>) -> Result<()>,
 ) -> Result<(), String> {
     let inst = slot.instance()?;
+    inst.rt.clock = None;
     let mut index = 0u32;
     let mut run = || {
         let mut reader = RecordReader::new(batch);
@@ -133,6 +134,7 @@ pub fn on_timer<Op: Operator>(slot: &Slot<Op>, domain: TimeDomain, timers: Vec<u
 pub fn on_watermark<Op: Operator>(slot: &Slot<Op>, watermark: i64) -> Result<(), String> {
     let inst = slot.instance()?;
     inst.rt.watermark = watermark;
+    inst.rt.clock = None;
     let mut ctx = Context { rt: &mut inst.rt, slot: None, key_group: NO_KEY_GROUP, key: &[], timestamp: watermark };
     let r = inst.op.on_watermark(&mut ctx, watermark);
     inst.rt.flush();
@@ -142,6 +144,7 @@ pub fn on_watermark<Op: Operator>(slot: &Slot<Op>, watermark: i64) -> Result<(),
 /// `close` export.
 pub fn close<Op: Operator>(slot: &Slot<Op>) -> Result<(), String> {
     let inst = slot.instance()?;
+    inst.rt.clock = None;
     let mut ctx = Context { rt: &mut inst.rt, slot: None, key_group: NO_KEY_GROUP, key: &[], timestamp: i64::MAX };
     let r = inst.op.close(&mut ctx);
     inst.rt.flush();

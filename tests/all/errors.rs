@@ -248,7 +248,7 @@ fn a_failing_guest_fails_the_job_naming_operator_and_subtask() {
 }
 
 #[test]
-fn an_operator_that_fails_to_open_fails_the_job() {
+fn an_operator_that_refuses_its_config_is_refused_before_the_job_starts() {
     let dir = scratch();
     let job = format!(
         "[job]\nname = \"j\"\n[[source]]\nid = \"a\"\ntype = \"generator\"\ncount = 10\n\
@@ -257,7 +257,9 @@ fn an_operator_that_fails_to_open_fails_the_job() {
         toml_path(&component("test_probe"))
     );
     let e = run_job_in(dir.path(), &job).unwrap_err().to_string();
-    assert!(e.contains("p#0") && e.contains("open failed on request"), "{e}");
+    // A probe instance runs `setup` while the job is bound: no task started, nothing ran.
+    assert!(e.contains("operator `p` refuses its configuration") && e.contains("open failed on request"), "{e}");
+    assert!(e.contains("job.toml:") && !e.contains("p#0"), "names the job file's line, not a subtask: {e}");
 }
 
 #[test]
@@ -346,7 +348,7 @@ fn a_component_built_against_another_contract_version_is_refused_naming_it() {
     assert_eq!(
         e.to_string(),
         "operator `p`: component old.wasm was built against weir:operator@0.2.0, but this Weir speaks \
-         weir:operator@0.3.1 (and loads 0.3.0); rebuild it with the current SDK (Rust: weir-guest) or against \
+         weir:operator@0.3.2 (and loads 0.3.0 and 0.3.1); rebuild it with the current SDK (Rust: weir-guest) or against \
          wit/operator.wit"
     );
 }

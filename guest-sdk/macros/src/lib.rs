@@ -28,11 +28,11 @@ mod __weir_export {{
         world: "{world}",
         runtime_path: "::weir_guest::__private::wit_bindgen::rt",
         with: {{
-            "weir:operator/types@0.3.1": ::weir_guest::__private::bindings::types,
-            "weir:operator/context@0.3.1": ::weir_guest::__private::bindings::context,
-            "weir:operator/collector@0.3.1": ::weir_guest::__private::bindings::collector,
-            "weir:operator/timers@0.3.1": ::weir_guest::__private::bindings::timers,
-            "weir:operator/logging@0.3.1": ::weir_guest::__private::bindings::logging,
+            "weir:operator/types@0.3.2": ::weir_guest::__private::bindings::types,
+            "weir:operator/context@0.3.2": ::weir_guest::__private::bindings::context,
+            "weir:operator/collector@0.3.2": ::weir_guest::__private::bindings::collector,
+            "weir:operator/timers@0.3.2": ::weir_guest::__private::bindings::timers,
+            "weir:operator/logging@0.3.2": ::weir_guest::__private::bindings::logging,
         }},
     }});
 

@@ -1,4 +1,4 @@
-//! Event-time windows on keyed state: [`Windows`] keeps each key's open windows and their
+//! Event-time (or processing-time) windows on keyed state: [`Windows`] keeps each key's open windows and their
 //! accumulators in one keyed value state, registers a host timer per window, fires windows
 //! through the operator's callback and removes them when the watermark passes their end plus
 //! the allowed lateness. The rules live in [`book`](super::book); this is the thin shell that
@@ -51,6 +51,7 @@ pub struct Windows<A> {
     state: ValueState<Vec<(Window, A)>>,
     rules: Rules<A>,
     late_output: Option<&'static str>,
+    domain: TimeDomain,
 }
 
 impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
@@ -67,6 +68,7 @@ impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
             state: ctx.value_state(state)?,
             rules: Rules { assigner, lateness: 0, merge: None },
             late_output: None,
+            domain: TimeDomain::EventTime,
         })
     }
 
@@ -79,7 +81,7 @@ impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
         merge: fn(&mut A, A),
     ) -> Result<Self> {
         let rules = Rules { assigner: sessions.into(), lateness: 0, merge: Some(merge) };
-        Ok(Windows { state: ctx.value_state(state)?, rules, late_output: None })
+        Ok(Windows { state: ctx.value_state(state)?, rules, late_output: None, domain: TimeDomain::EventTime })
     }
 
     /// Windows take records for `ms` after their end (each such record fires the window again)
@@ -88,7 +90,28 @@ impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
         if ms < 0 {
             return Err(Error::msg(format!("allowed lateness must be 0 or more, not {ms} ms")));
         }
+        if ms != 0 && self.domain == TimeDomain::ProcessingTime {
+            return Err(Error::msg(
+                "allowed lateness is for event-time windows; processing-time windows have no late records",
+            ));
+        }
         self.rules.lateness = ms;
+        Ok(self)
+    }
+
+    /// The windows run in processing time: a record lands in the windows of the host's clock
+    /// when it arrives ([`Context::processing_time`], not its timestamp) and a window fires
+    /// when the clock passes its end (a processing-time timer), or when the stream ends. No
+    /// record is late, so there is no allowed lateness. Exactly-once still holds for what the
+    /// windows count (each record in exactly one committed window of each assignment), but
+    /// which window a record lands in depends on when it arrives, also after a restore.
+    pub fn processing_time(mut self) -> Result<Self> {
+        if self.rules.lateness != 0 {
+            return Err(Error::msg(
+                "allowed lateness is for event-time windows; processing-time windows have no late records",
+            ));
+        }
+        self.domain = TimeDomain::ProcessingTime;
         Ok(self)
     }
 
@@ -116,13 +139,18 @@ impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
         add: impl FnMut(&mut A),
         mut fire: impl FnMut(&mut Context<'_>, Window, &A),
     ) -> Result<bool> {
-        let (slot, key, watermark) = (ctx.slot(), ctx.key(), ctx.rt.watermark);
+        let (time, watermark) = match self.domain {
+            TimeDomain::EventTime => (rec.timestamp, ctx.rt.watermark),
+            // Nothing is late in processing time: the record joins the windows of now.
+            TimeDomain::ProcessingTime => (ctx.processing_time(), i64::MIN),
+        };
+        let (slot, key) = (ctx.slot(), ctx.key());
         let mut table = self.state.table.borrow_mut();
         let fx = match table.get_mut(slot, key) {
-            Some(open) => self.rules.add(open, rec.timestamp, watermark, add),
+            Some(open) => self.rules.add(open, time, watermark, add),
             None => {
                 let mut open = Vec::new();
-                let fx = self.rules.add(&mut open, rec.timestamp, watermark, add);
+                let fx = self.rules.add(&mut open, time, watermark, add);
                 if !open.is_empty() {
                     table.insert(slot, key, open);
                 }
@@ -136,11 +164,12 @@ impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
             }
             return Ok(false);
         }
+        let processing = self.domain == TimeDomain::ProcessingTime;
         for t in fx.register {
-            ctx.register_event_timer(t);
+            if processing { ctx.register_processing_timer(t) } else { ctx.register_event_timer(t) }
         }
         for t in fx.delete {
-            ctx.delete_event_timer(t);
+            if processing { ctx.delete_processing_timer(t) } else { ctx.delete_event_timer(t) }
         }
         if let Some(open) = table.get(slot, key) {
             for w in fx.fire_now {
@@ -154,14 +183,14 @@ impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
 
     /// Call from [`Operator::on_timer`](crate::Operator::on_timer): fires the current key's
     /// windows that end at the timer (`fire` gets each) and removes those whose lateness ran
-    /// out. Processing-time timers are not the windows' and are ignored.
+    /// out. Timers of the other time domain are not the windows' and are ignored.
     pub fn on_timer(
         &self,
         ctx: &mut Context<'_>,
         domain: TimeDomain,
         mut fire: impl FnMut(&mut Context<'_>, Window, &A),
     ) -> Result<()> {
-        if domain != TimeDomain::EventTime {
+        if domain != self.domain {
             return Ok(());
         }
         let (slot, key, time) = (ctx.slot(), ctx.key(), ctx.timestamp());

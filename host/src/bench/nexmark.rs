@@ -15,7 +15,7 @@ use crate::checkpoint::metadata::CheckpointMetrics;
 
 /// The queries, in order, and Flink's published per-core events/s (low, high) for the
 /// comparison column (None where the issue quotes no figure).
-pub const QUERIES: [(&str, Option<(f64, f64)>); 11] = [
+pub const QUERIES: [(&str, Option<(f64, f64)>); 12] = [
     ("q0", Some((0.5e6, 0.8e6))),
     ("q1", Some((0.5e6, 0.8e6))),
     ("q2", Some((0.5e6, 0.8e6))),
@@ -26,6 +26,7 @@ pub const QUERIES: [(&str, Option<(f64, f64)>); 11] = [
     ("q7", None),
     ("q8", None),
     ("q11", None),
+    ("q12", None),
     ("early-bids", None),
 ];
 

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
@@ -35,6 +35,7 @@ use crate::runtime::termination::LoopTermination;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::host::HostState;
 use crate::sandbox::instance::GuestError;
+use crate::sandbox::timers::now_ms;
 
 /// State to restore before the first record.
 pub struct Restore {
@@ -142,10 +143,6 @@ struct Head {
     pending: Option<PendingHead>,
     align_started: Option<Instant>,
     loop_closed: bool,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// A snapshot whose key groups the operator hands out in chunks (`wit/operator.wit`: a
@@ -386,6 +383,40 @@ impl OperatorTask {
             r.map_err(|e| self.guest(e))?;
             self.route_emitted()?;
         }
+    }
+
+    /// Fires the processing-time timers the clock has passed: when idle and after every
+    /// batch, so a busy subtask's processing-time windows close on time too. (Costs one
+    /// comparison per batch while none is due.)
+    fn fire_processing_timers(&mut self) -> Result<(), TaskFailure> {
+        let Some(next) = self.instance.host().processing_timers.next_time() else { return Ok(()) };
+        // "Passes": a timer at t fires once the clock reads t + 1, so a window ending at t + 1
+        // (timer at its last millisecond t) has taken every record the clock put in it.
+        let passed = now_ms() - 1;
+        if next <= passed {
+            self.fire_timers(TimeDomain::ProcessingTime, passed)?;
+            self.account(0);
+        }
+        Ok(())
+    }
+
+    /// The stream ended: the processing-time timers pending now fire once, in time order,
+    /// before `finish` (the end of a bounded input closes processing-time windows as the final
+    /// watermark closes event-time ones). Timers registered while they fire are dropped, so a
+    /// timer that re-arms itself (a periodic flush) cannot keep the subtask from ending.
+    fn fire_pending_processing_timers(&mut self) -> Result<(), TaskFailure> {
+        let due = self.instance.host().processing_timers.pop_due(i64::MAX);
+        if due.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let r = self.instance.on_timer(TimeDomain::ProcessingTime, &due);
+        self.count_call(t);
+        r.map_err(|e| self.guest(e))?;
+        self.route_emitted()?;
+        self.instance.host().processing_timers.pop_due(i64::MAX);
+        self.account(0);
+        Ok(())
     }
 
     fn advance_watermark(&mut self, wm: i64) -> Result<(), TaskFailure> {
@@ -851,10 +882,7 @@ impl OperatorTask {
                 }
                 self.inject_faults()?;
                 self.output.flush().map_err(|d| self.disconnected(d))?;
-                if !self.instance.host().processing_timers.is_empty() {
-                    self.fire_timers(TimeDomain::ProcessingTime, now_ms())?;
-                    self.account(0);
-                }
+                self.fire_processing_timers()?;
                 if let Some(h) = head.as_mut() {
                     let quiet = self.termination.as_ref().is_some_and(|t| t.quiescent());
                     if !h.loop_closed && h.lh.regular_inputs_ended() && quiet {
@@ -946,6 +974,7 @@ impl OperatorTask {
                     }
                     self.process_batch(i, side, batch)?;
                     self.account(n);
+                    self.fire_processing_timers()?;
                     self.inject_faults()?;
                     // One chunk of a snapshot being drained per batch: short pauses.
                     self.drain_step()?;
@@ -991,6 +1020,7 @@ impl OperatorTask {
                 }
             }
         }
+        self.fire_pending_processing_timers()?;
         self.instance.close().map_err(|e| self.guest(e))?;
         self.route_emitted()?;
         self.account(0);

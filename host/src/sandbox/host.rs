@@ -103,6 +103,10 @@ impl context::Host for HostState {
     fn current_watermark(&mut self) -> wasmtime::Result<i64> {
         Ok(self.watermark)
     }
+
+    fn current_processing_time(&mut self) -> wasmtime::Result<i64> {
+        Ok(crate::sandbox::timers::now_ms())
+    }
 }
 
 impl collector::Host for HostState {

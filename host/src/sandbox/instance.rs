@@ -58,7 +58,7 @@ pub enum LoadError {
     },
     /// Built against another version of Weir's WIT contract.
     #[error(
-        "operator `{uid}`: component {} was built against {found}, but this Weir speaks weir:operator@{CONTRACT} (and loads 0.3.0); \
+        "operator `{uid}`: component {} was built against {found}, but this Weir speaks weir:operator@{CONTRACT} (and loads 0.3.0 and 0.3.1); \
          rebuild it with the current SDK (Rust: weir-guest) or against wit/operator.wit",
         path.display()
     )]
@@ -99,12 +99,13 @@ pub enum LoadError {
 }
 
 /// The version of the WIT package (`wit/operator.wit`) this host implements.
-pub const CONTRACT: &str = "0.3.1";
+pub const CONTRACT: &str = "0.3.2";
 
-/// The contract versions whose components this host loads: its own, and 0.3.0 (the same
-/// imports; its components lack the optional `query-state` export and answer queries with an
-/// error). The linker resolves 0.3.0 imports against 0.3.1 definitions (semver-compatible).
-pub const CONTRACTS: [&str; 2] = ["0.3.0", "0.3.1"];
+/// The contract versions whose components this host loads: its own, 0.3.1 (no
+/// `current-processing-time` import) and 0.3.0 (also no optional `query-state` export: its
+/// components answer queries with an error). The linker resolves older imports against the
+/// 0.3.2 definitions (semver-compatible: 0.3.2 only adds).
+pub const CONTRACTS: [&str; 3] = ["0.3.0", "0.3.1", "0.3.2"];
 
 /// A failure inside a guest call.
 #[derive(Debug, Error)]

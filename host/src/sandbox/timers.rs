@@ -8,6 +8,13 @@ use std::collections::BTreeSet;
 
 use crate::record::Batch;
 
+/// The host's clock in milliseconds since the Unix epoch: what processing-time timers fire
+/// by, and what `context.current-processing-time` answers.
+pub fn now_ms() -> i64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
 /// Host bytes charged per timer besides its key (the entry and its share of the tree).
 pub const TIMER_OVERHEAD: usize = 64;
 

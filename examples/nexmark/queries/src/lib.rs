@@ -10,6 +10,7 @@
 //! | `category-avg` | winning bids (category) | q4: average closing price per category |
 //! | `seller-avg` | winning bids (seller) | q6: average of each seller's last 10 closing prices |
 //! | `sessions` | bids (bidder) | q11: bids per bidder session (gap 10 s) |
+//! | `bidder-counts` | bids (bidder) | q12: bids per bidder in processing-time windows (10 s) |
 //!
 //! Windows come from `weir_guest::window`; events are decoded with `weir_guest::nexmark`. The
 //! stateless stages (q0, q1, q2, re-keying) are in `examples/nexmark/stateless`.
@@ -52,6 +53,7 @@ impl Operator for Nexmark {
             "hot-bids" => Box::new(windows::HotBids::open(ctx)?),
             "max-bids" => Box::new(windows::MaxBids::open(ctx)?),
             "sessions" => Box::new(windows::BidderSessions::open(ctx)?),
+            "bidder-counts" => Box::new(windows::BidderCounts::open(ctx)?),
             "top" => Box::new(top::Top::open(ctx)?),
             "winning-bids" => Box::new(winning::WinningBids::open(ctx)?),
             "category-avg" => Box::new(by_event_time::CategoryAverage::open(ctx)?),
@@ -59,7 +61,7 @@ impl Operator for Nexmark {
             other => {
                 return Err(Error::msg(format!(
                     "config query = `{other}`: use hot-bids, max-bids, top, sessions, \
-                     winning-bids, category-avg or seller-avg"
+                     bidder-counts, winning-bids, category-avg or seller-avg"
                 )));
             }
         };

@@ -1,5 +1,6 @@
 //! The windowed stages: q5's bid counts per auction in sliding windows, q7's highest bids per
-//! auction in tumbling windows, q11's bids per bidder session. The first two hand candidates to
+//! auction in tumbling windows, q11's bids per bidder session, q12's bids per bidder in
+//! processing-time windows. The first two hand candidates to
 //! [`top`](crate::top), keyed by window start, which keeps the best of each window.
 
 use serde::{Deserialize, Serialize};
@@ -131,5 +132,32 @@ impl Stage for BidderSessions {
 
     fn on_timer(&mut self, ctx: &mut Context<'_>, domain: TimeDomain) -> Result<()> {
         self.sessions.on_timer(ctx, domain, emit_session)
+    }
+}
+
+/// q12: bids per bidder in tumbling processing-time windows (`size_ms` 10 s: by the host's
+/// clock when the bid arrives, not its event time), input keyed by bidder:
+/// `bidder,bids,window_start,window_end`.
+pub struct BidderCounts {
+    counts: Windows<u64>,
+}
+
+impl BidderCounts {
+    pub fn open(ctx: &mut OpenContext<'_>) -> Result<Self> {
+        let size = ctx.config_or("size_ms", 10_000)?;
+        Ok(BidderCounts { counts: Windows::new(ctx, "windows", Tumbling::new(size, 0)?)?.processing_time()? })
+    }
+}
+
+impl Stage for BidderCounts {
+    fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
+        if bid_of("bidder-counts", &rec)?.is_some() {
+            self.counts.add(ctx, &rec, |n| *n += 1, emit_session)?;
+        }
+        Ok(())
+    }
+
+    fn on_timer(&mut self, ctx: &mut Context<'_>, domain: TimeDomain) -> Result<()> {
+        self.counts.on_timer(ctx, domain, emit_session)
     }
 }
