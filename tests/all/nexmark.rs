@@ -362,6 +362,18 @@ fn nexmark_bad_options_and_miswired_queries_are_refused_naming_them() {
         "inputs = [{ from = \"events\", partition = \"hash\" }]",
     ));
     assert!(e.contains("stage `top` reads candidates of hot-bids or max-bids"), "{e}");
+    // ... before the job started: the probes took the first events, no task ran, nothing is out.
+    assert!(e.contains("operator `top` fails on the first records of the stream") && e.contains("job.toml:"), "{e}");
+    assert!(!d.path().join("out").exists(), "no task started");
+    // A join whose sides are swapped (auctions left, persons right) is refused the same way.
+    let q3 = job("q3");
+    let swapped = q3
+        .replace("side = \"left\"", "side = \"LEFT\"")
+        .replace("side = \"right\"", "side = \"left\"")
+        .replace("side = \"LEFT\"", "side = \"right\"");
+    assert_ne!(swapped, q3);
+    let e = run(&swapped);
+    assert!(e.contains("fails on the first records of the stream"), "{e}");
     // A query on lines of text instead of events.
     std::fs::write(d.path().join("in.txt"), "not,an,event\n").unwrap();
     let q0 = job("q0").replace("type = \"nexmark\"\n", "type = \"file\"\npath = \"in.txt\"\n");

@@ -1,7 +1,7 @@
 //! Checks a [`JobGraph`] against its components (loaded once per job): worlds against
 //! input sides, keyed state against partitioning, side output names against declarations, and
-//! each operator's `config` against the operator itself (a probe instance runs its `setup`), so
-//! a job the operators would refuse is refused before it starts.
+//! the job against the operators themselves ([`dry_run`](crate::job::dry_run)), so a job the
+//! operators would refuse is refused before it starts.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +13,6 @@ use crate::graph::partition::Partition;
 use crate::job::JobError;
 use crate::operator::OperatorFactory;
 use crate::runtime::error::RunError;
-use crate::sandbox::host::HostState;
 use crate::sandbox::instance::LoadedComponent;
 
 /// A job whose components are compiled and match its graph.
@@ -126,7 +125,7 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
             }
         }
     }
-    check_configs(&graph, &components)?;
+    crate::job::dry_run::check(&graph, &components)?;
     let mut warnings = Vec::new();
     if graph.checkpoint.is_some() {
         for n in &graph.nodes {
@@ -151,35 +150,4 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> 
         }
     }
     Ok(BoundJob { graph, components, warnings })
-}
-
-/// Runs each operator's `setup` with its `config` in a probe instance (subtask 0, the job's
-/// limits, logs not echoed) and drops it: a configuration the operator refuses (a window of
-/// size 0, an unknown mode) is an error naming the operator and its line before any task
-/// starts, not a failed job after it did.
-fn check_configs(graph: &JobGraph, components: &BTreeMap<usize, OperatorFactory>) -> Result<(), RunError> {
-    for (&i, c) in components {
-        let node = &graph.nodes[i];
-        let NodeKind::Operator(op) = &node.kind else { continue };
-        let range = crate::keygroup::key_group_range(graph.max_parallelism, node.parallelism, 0);
-        let task = crate::sandbox::bindings::types::TaskInfo {
-            job_name: graph.name.clone(),
-            operator_uid: node.id.to_string(),
-            subtask_index: 0,
-            parallelism: node.parallelism,
-            max_parallelism: graph.max_parallelism,
-            key_group_start: range.start,
-            key_group_end: range.end,
-        };
-        let mut host = HostState::new(task, c.info().side_outputs.len() as u32).with_limits(graph.limits);
-        host.echo_logs = false;
-        let refused = |why: String| JobError {
-            file: graph.file.clone(),
-            line: Some(node.line),
-            message: format!("operator `{}` refuses its configuration: {why}; fix its `config`", node.id),
-        };
-        let mut probe = c.instantiate(host).map_err(|e| refused(e.to_string()))?;
-        probe.open(&op.config).map_err(|e| refused(e.to_string()))?;
-    }
-    Ok(())
 }

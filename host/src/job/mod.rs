@@ -1,6 +1,7 @@
 //! Job files: the TOML schema, validation into a graph, binding to components.
 
 pub mod bind;
+pub mod dry_run;
 mod load;
 pub mod spec;
 
