@@ -24,6 +24,7 @@ fn events() -> Vec<Event> {
         events_per_second: EVENTS_PER_SECOND,
         base_time_ms: BASE_TIME_MS,
         out_of_order_group_size: GROUP,
+        active_people: weir::connectors::nexmark::generator::NUM_ACTIVE_PEOPLE,
     };
     (0..COUNT).map(|i| p.event(i)).collect()
 }
@@ -352,6 +353,8 @@ fn nexmark_bad_options_and_miswired_queries_are_refused_naming_them() {
     assert!(e.contains("events_per_second = 0") && e.contains("`events`"), "{e}");
     let e = run(&q5.replace(&format!("out_of_order_group_size = {GROUP}"), "out_of_order_group_size = 0"));
     assert!(e.contains("out_of_order_group_size must be at least 1"), "{e}");
+    let e = run(&q5.replace("seed = 0", "seed = 0\nactive_people = 0"));
+    assert!(e.contains("active_people = 0 leaves no one to bid"), "{e}");
     let e = run(&q5.replace(&format!("count = {COUNT}\n"), ""));
     assert!(e.contains("nexmark source `events` needs `count"), "{e}");
     let e = run(&q5.replace("size_ms = \"10000\", slide_ms = \"2000\"", "size_ms = \"1000\", slide_ms = \"2000\""));

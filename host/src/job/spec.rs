@@ -116,6 +116,9 @@ pub struct SourceSpec {
     /// nexmark: positions shuffled within groups of this many (1: in order).
     #[serde(default)]
     pub out_of_order_group_size: Option<Spanned<u64>>,
+    /// nexmark: how many of the newest persons bid and sell besides the hot ones (1000).
+    #[serde(default)]
+    pub active_people: Option<Spanned<u64>>,
     /// generator: number of records.
     #[serde(default)]
     pub count: Option<Spanned<u64>>,

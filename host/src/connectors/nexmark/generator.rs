@@ -31,7 +31,8 @@ const FIRST_CATEGORY_ID: u64 = 10;
 const NUM_CATEGORIES: u64 = 5;
 const PERSON_ID_LEAD: u64 = 10;
 const AUCTION_ID_LEAD: u64 = 10;
-const NUM_ACTIVE_PEOPLE: u64 = 1000;
+/// The reference's number of active people (the default of [`Params::active_people`]).
+pub const NUM_ACTIVE_PEOPLE: u64 = 1000;
 const NUM_IN_FLIGHT_AUCTIONS: u64 = 100;
 const HOT_SELLER_RATIO: u64 = 100;
 const HOT_AUCTION_RATIO: u64 = 100;
@@ -68,6 +69,9 @@ pub struct Params {
     pub base_time_ms: i64,
     /// Positions are shuffled within groups of this many (1: in order).
     pub out_of_order_group_size: u64,
+    /// How many of the newest persons sell and bid besides the hot ones (the reference's
+    /// `numActivePeople`, 1000); more spreads bids over more bidders (more open sessions).
+    pub active_people: u64,
 }
 
 /// What kind of event number `n` is.
@@ -126,7 +130,7 @@ impl Params {
         let key = match kind(n) {
             Kind::Person => write_person(n, ts, &mut r, out),
             Kind::Auction => self.write_auction(n, ts, &mut r, out),
-            Kind::Bid => write_bid(n, ts, &mut r, out),
+            Kind::Bid => write_bid(n, ts, self.active_people, &mut r, out),
         };
         (key, ts)
     }
@@ -136,7 +140,7 @@ impl Params {
         let seller = if r.below(HOT_SELLERS_1_IN) > 0 {
             (last_person(n) / HOT_SELLER_RATIO) * HOT_SELLER_RATIO
         } else {
-            some_person(n, r)
+            some_person(n, self.active_people, r)
         } + FIRST_PERSON_ID;
         let category = FIRST_CATEGORY_ID + r.below(NUM_CATEGORIES);
         let initial_bid = price(r);
@@ -198,7 +202,7 @@ fn put_extra(r: &mut Rng, size: usize, average: usize, out: &mut Vec<u8>) {
 }
 
 /// Writes bid event `n` (at `ts`) in the encoding of [`Event::encode`]; its key (the auction).
-fn write_bid(n: u64, ts: i64, r: &mut Rng, out: &mut Vec<u8>) -> u64 {
+fn write_bid(n: u64, ts: i64, active: u64, r: &mut Rng, out: &mut Vec<u8>) -> u64 {
     let auction = if r.below(HOT_AUCTIONS_1_IN) > 0 {
         (last_auction(n) / HOT_AUCTION_RATIO) * HOT_AUCTION_RATIO
     } else {
@@ -207,7 +211,7 @@ fn write_bid(n: u64, ts: i64, r: &mut Rng, out: &mut Vec<u8>) -> u64 {
     let bidder = if r.below(HOT_BIDDERS_1_IN) > 0 {
         (last_person(n) / HOT_BIDDER_RATIO) * HOT_BIDDER_RATIO + 1
     } else {
-        some_person(n, r)
+        some_person(n, active, r)
     } + FIRST_PERSON_ID;
     let price = price(r);
     out.push(super::model::BID);
@@ -288,10 +292,10 @@ fn last_auction(n: u64) -> u64 {
     }
 }
 
-/// One of the active people (or a few not yet created).
-fn some_person(n: u64, r: &mut Rng) -> u64 {
+/// One of the `active` newest people (or a few not yet created).
+fn some_person(n: u64, active: u64, r: &mut Rng) -> u64 {
     let people = last_person(n) + 1;
-    let active = people.min(NUM_ACTIVE_PEOPLE);
+    let active = people.min(active.max(1));
     people - active + r.below(active + PERSON_ID_LEAD)
 }
 
@@ -369,7 +373,13 @@ mod tests {
     use super::*;
 
     fn params() -> Params {
-        Params { seed: 7, events_per_second: 10_000, base_time_ms: 1_000_000, out_of_order_group_size: 1 }
+        Params {
+            seed: 7,
+            events_per_second: 10_000,
+            base_time_ms: 1_000_000,
+            out_of_order_group_size: 1,
+            active_people: NUM_ACTIVE_PEOPLE,
+        }
     }
 
     #[test]

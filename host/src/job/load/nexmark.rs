@@ -3,7 +3,7 @@
 
 use super::{Ctx, JobError};
 use crate::connectors::nexmark::NexmarkConfig;
-use crate::connectors::nexmark::generator::Params;
+use crate::connectors::nexmark::generator::{NUM_ACTIVE_PEOPLE, Params};
 use crate::job::spec::SourceSpec;
 
 /// The reference generator's default event-time rate (Beam's `firstEventRate`).
@@ -41,6 +41,15 @@ pub(super) fn source(cx: &Ctx<'_>, s: &SourceSpec, id: &str) -> Result<NexmarkCo
         }
         Some(g) => *g.get_ref(),
     };
+    if let Some(a) = s.active_people.as_ref().filter(|a| *a.get_ref() == 0) {
+        return cx.err(
+            a.span(),
+            format!(
+                "nexmark source `{id}`: active_people = 0 leaves no one to bid or sell; give at least 1 \
+                 (the reference uses {NUM_ACTIVE_PEOPLE})"
+            ),
+        );
+    }
     if let Some(r) = s.rate.as_ref().filter(|r| *r.get_ref() == 0) {
         return cx
             .err(r.span(), format!("nexmark source `{id}`: rate = 0 would never emit; leave `rate` out for no limit"));
@@ -52,6 +61,7 @@ pub(super) fn source(cx: &Ctx<'_>, s: &SourceSpec, id: &str) -> Result<NexmarkCo
             events_per_second,
             base_time_ms: s.base_time_ms.as_ref().map_or(DEFAULT_BASE_TIME_MS, |v| *v.get_ref()),
             out_of_order_group_size: group,
+            active_people: s.active_people.as_ref().map_or(NUM_ACTIVE_PEOPLE, |v| *v.get_ref()),
         },
         rate: s.rate.as_ref().map(|v| *v.get_ref()),
     })
