@@ -31,14 +31,30 @@ struct Topology {
     sink_p: u32,
     /// `[checkpoint] incremental = true`.
     incremental: bool,
+    /// More `config` of the one-input oracle (`remove_every`, `pad`).
+    oracle_config: &'static str,
 }
 
 fn one() -> Topology {
-    Topology { name: "p1", sources: vec![("gen", 1, 24_000, 40)], oracle_p: 1, sink_p: 1, incremental: false }
+    Topology {
+        name: "p1",
+        sources: vec![("gen", 1, 24_000, 40)],
+        oracle_p: 1,
+        sink_p: 1,
+        incremental: false,
+        oracle_config: "",
+    }
 }
 
 fn parallel() -> Topology {
-    Topology { name: "p3", sources: vec![("gen", 2, 30_000, 64)], oracle_p: 3, sink_p: 2, incremental: false }
+    Topology {
+        name: "p3",
+        sources: vec![("gen", 2, 30_000, 64)],
+        oracle_p: 3,
+        sink_p: 2,
+        incremental: false,
+        oracle_config: "",
+    }
 }
 
 fn two_input() -> Topology {
@@ -48,6 +64,7 @@ fn two_input() -> Topology {
         oracle_p: 2,
         sink_p: 2,
         incremental: false,
+        oracle_config: "",
     }
 }
 
@@ -77,7 +94,7 @@ fn job_toml(t: &Topology) -> String {
     } else {
         (
             component("test_oracle"),
-            format!("{{ keys = \"{}\" }}", t.sources[0].3),
+            format!("{{ keys = \"{}\"{} }}", t.sources[0].3, t.oracle_config),
             "[{ from = \"gen\", partition = \"hash\" }]".into(),
         )
     };
@@ -262,6 +279,47 @@ fn exactly_once_with_incremental_checkpoints_under_seeded_failures() {
     check_topology(t, 1);
 }
 
+/// Keys whose state is removed after every 7th record (tombstones in the checkpoints; keys
+/// with 14 records end removed, keys with 15 end present), each value padded to 2 KiB so every
+/// snapshot is handed out in many chunks: seeded failures, full checkpoints.
+fn removals(incremental: bool) -> Topology {
+    Topology {
+        name: if incremental { "rm-inc" } else { "rm" },
+        sources: vec![("gen", 2, 30_000, 2_100)],
+        incremental,
+        oracle_config: ", remove_every = \"7\", pad = \"2048\"",
+        ..parallel()
+    }
+}
+
+/// The oracle of `removals` catches lost and replayed removals: its final state holds exactly
+/// the keys whose last block is open, and its snapshots came in many chunks.
+fn check_removals(incremental: bool) {
+    let t = removals(incremental);
+    let base = run(&t, scratch().path(), None);
+    let present: Vec<u64> = (0..2_100u64).filter(|k| (30_000 - k).div_ceil(2_100) % 7 != 0).collect();
+    let keys: Vec<Vec<u8>> = base.state.keys().map(|(_, k)| k.clone()).collect();
+    let want: Vec<Vec<u8>> = {
+        let mut v: Vec<Vec<u8>> = present.iter().map(|k| k.to_string().into_bytes()).collect();
+        v.sort();
+        v
+    };
+    assert!(keys == want, "final state: {} keys, {} expected (removed keys must stay removed)", keys.len(), want.len());
+    let oracle = base.summary.nodes.iter().find(|n| n.id.to_string() == "oracle").unwrap();
+    assert!(oracle.snapshot_chunks_max >= 3, "snapshots in many chunks: at most {}", oracle.snapshot_chunks_max);
+    check_topology(t, 0);
+}
+
+#[test]
+fn exactly_once_with_removed_keys_and_chunked_snapshots_under_seeded_failures() {
+    check_removals(false);
+}
+
+#[test]
+fn exactly_once_with_removed_keys_in_incremental_chains_under_seeded_failures() {
+    check_removals(true);
+}
+
 /// Every incremental checkpoint, folded, is exactly the state the source position implies,
 /// and in steady state it writes a fraction of a full one.
 #[test]
@@ -409,6 +467,7 @@ fn exactly_once_a_checkpoint_aborted_mid_drain_abandons_it_and_later_restores_ar
         oracle_p: 1,
         sink_p: 1,
         incremental: true,
+        oracle_config: "",
     };
     let base_dir = scratch();
     let base = run(&t, base_dir.path(), None);

@@ -107,6 +107,8 @@ pub struct NodeSummary {
     pub latency: Option<LatencySummary>,
     /// Snapshots abandoned half-drained because their checkpoint was aborted.
     pub snapshots_abandoned: u64,
+    /// Most `snapshot` calls (chunks) one subtask's snapshot took.
+    pub snapshot_chunks_max: u64,
 }
 
 /// Records stamped within this long of a latency sink's first record are not measured
@@ -1007,6 +1009,7 @@ fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) 
             let feedback_peak_batches = m.feedback_peak_batches.load(Ordering::Relaxed);
             let latency = m.latency.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|h| h.summary());
             let snapshots_abandoned = m.snapshots_abandoned.load(Ordering::Relaxed);
+            let snapshot_chunks_max = m.snapshot_chunks_max.load(Ordering::Relaxed);
             NodeSummary {
                 id: n.id.clone(),
                 records_in,
@@ -1014,6 +1017,7 @@ fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) 
                 feedback_peak_batches,
                 latency,
                 snapshots_abandoned,
+                snapshot_chunks_max,
             }
         })
         .collect()

@@ -156,6 +156,8 @@ pub struct NodeMetrics {
     subtasks: Vec<Arc<SubtaskMetrics>>,
     /// Snapshots abandoned half-drained because their checkpoint was aborted.
     pub snapshots_abandoned: AtomicU64,
+    /// Most `snapshot` calls (chunks) one subtask's snapshot took.
+    pub snapshot_chunks_max: AtomicU64,
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
     /// instead of blocking; this is their reported bound).
     pub feedback_peak_batches: AtomicU64,

@@ -505,6 +505,7 @@ impl OperatorTask {
         let more = strip_more(&mut snap);
         self.admit_groups(&snap.keyed)?;
         *calls += 1;
+        self.metrics.snapshot_chunks_max.fetch_max(*calls as u64, Ordering::Relaxed);
         *total += snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>();
         let bytes = *total;
         let host = self.instance.host();

@@ -4,23 +4,38 @@
 //! replays a record shows up as a violation on the `violations` side output. The main output
 //! is `<key> <seq>` per record. A record whose value is `panic` makes the guest panic (a real
 //! trap, used by failure injection).
+//!
+//! With `remove_every = R`, a key's state is removed after every R-th record of it (sequence
+//! numbers R-1, 2R-1, ...), so snapshots carry removals (tombstones in incremental chains):
+//! a key without state must next see a multiple of R, and a key whose removal a restore lost
+//! shows its old number. With `pad = B`, each key's value carries B more bytes (state large
+//! enough to be handed out in many chunks).
 
 use weir_guest::{Context, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, ValueState};
 
 struct Oracle {
     keys: u64,
     next: ValueState<u64>,
+    remove_every: u64,
+    pad: usize,
+    padded: ValueState<(u64, Vec<u8>)>,
 }
 
 impl Operator for Oracle {
     const INFO: OperatorInfo = OperatorInfo {
-        states: &[StateDescriptor::keyed_value("next")],
+        states: &[StateDescriptor::keyed_value("next"), StateDescriptor::keyed_value("padded")],
         side_outputs: &["violations"],
         ..OperatorInfo::new("test-oracle", "1.0.0")
     };
 
     fn open(ctx: &mut OpenContext<'_>) -> Result<Self> {
-        Ok(Oracle { keys: ctx.config_or("keys", 0u64)?, next: ctx.value_state("next")? })
+        Ok(Oracle {
+            keys: ctx.config_or("keys", 0u64)?,
+            next: ctx.value_state("next")?,
+            remove_every: ctx.config_or("remove_every", 0u64)?,
+            pad: ctx.config_or("pad", 0usize)?,
+            padded: ctx.value_state("padded")?,
+        })
     }
 
     fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
@@ -29,12 +44,15 @@ impl Operator for Oracle {
         }
         let i: u64 = rec.value_str()?.parse()?;
         let seq = i / self.keys;
+        let key = rec.key_str()?;
+        if self.remove_every > 0 || self.pad > 0 {
+            return self.removing(ctx, &rec, seq);
+        }
         let expected = self.next.update_or_default(ctx, |n| {
             let e = *n;
             *n = seq + 1;
             e
         });
-        let key = rec.key_str()?;
         if seq != expected {
             let kind = if seq < expected { "duplicate" } else { "gap" };
             ctx.emit_side(
@@ -42,6 +60,36 @@ impl Operator for Oracle {
                 rec.key,
                 format!("{kind}: key {key} expected {expected} got {seq}").as_bytes(),
             )?;
+        }
+        ctx.emit(rec.key, format!("{key} {seq}").as_bytes());
+        Ok(())
+    }
+}
+
+impl Oracle {
+    /// The `remove_every` / `pad` mode (see the crate docs).
+    fn removing(&mut self, ctx: &mut Context<'_>, rec: &Record<'_>, seq: u64) -> Result<()> {
+        let every = self.remove_every.max(1);
+        let key = rec.key_str()?;
+        let expected = match self.padded.with(ctx, |v| v.map(|(next, _)| *next)) {
+            Some(next) => Some(next),
+            // No state: never seen, or removed after the last record of a block.
+            None if (if self.remove_every == 0 { seq == 0 } else { seq.is_multiple_of(every) }) => None,
+            None => {
+                let v = format!("absent: key {key} has no state at {seq} (a record lost, or a removal replayed)");
+                ctx.emit_side("violations", rec.key, v.as_bytes())?;
+                None
+            }
+        };
+        if let Some(e) = expected.filter(|e| *e != seq) {
+            let kind = if seq < e { "duplicate" } else { "gap" };
+            let v = format!("{kind}: key {key} expected {e} got {seq}");
+            ctx.emit_side("violations", rec.key, v.as_bytes())?;
+        }
+        if self.remove_every == 0 || !(seq + 1).is_multiple_of(every) {
+            self.padded.set(ctx, (seq + 1, vec![(seq % 251) as u8; self.pad]));
+        } else {
+            self.padded.clear(ctx);
         }
         ctx.emit(rec.key, format!("{key} {seq}").as_bytes());
         Ok(())
