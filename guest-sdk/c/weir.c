@@ -90,8 +90,31 @@ static void msg_i64(int64_t v) {
     msg_str((const char *)d, weir_fmt_i64(v, d));
 }
 
+/* A bug in the operator: logs `message` (the host shows the last error line with the trap) and
+ * traps, as a Rust operator's panic does; never touches memory it should not. */
+static _Noreturn void weir_fatal(const char *message) {
+    operator_string_t m;
+    operator_string_set(&m, message);
+    weir_operator_logging_log(WEIR_OPERATOR_LOGGING_LEVEL_ERROR, &m);
+    __builtin_trap();
+}
+
+/* The table of keyed state `state` for `key_group`: both checked, so a record without a key
+ * group (not hash-partitioned) or an undeclared state traps instead of reaching another key
+ * group's (or no) table. */
 static weir_table *table(size_t state, uint32_t key_group) {
+    if (state >= WEIR_OPERATOR.states_len)
+        weir_fatal("keyed state index out of range: declare it in WEIR_OPERATOR.states");
+    if (key_group < g_task.key_group_start || key_group >= g_task.key_group_end)
+        weir_fatal("keyed state used for a record without a key group of this subtask: give the operator's "
+                   "inputs partition = \"hash\"");
     return &g_tables[state * g_groups + (key_group - g_task.key_group_start)];
+}
+
+/* The current record's table of `state` (keyed state needs a current record: not in open). */
+static weir_table *keyed(const weir_ctx *ctx, size_t state) {
+    if (!ctx->rec) weir_fatal("keyed state used outside a record or timer (e.g. in weir_on_open): there is no current key");
+    return table(state, ctx->rec->key_group);
 }
 
 static char *dup_n(const uint8_t *p, size_t n) {
@@ -141,17 +164,17 @@ weir_bytes weir_key(const weir_ctx *ctx) {
 }
 
 weir_bytes weir_get(weir_ctx *ctx, size_t state) {
-    weir_entry *e = weir_table_find(table(state, ctx->rec->key_group), ctx->rec->key.ptr, ctx->rec->key.len);
+    weir_entry *e = weir_table_find(keyed(ctx, state), ctx->rec->key.ptr, ctx->rec->key.len);
     weir_bytes b = { e ? e->val : NULL, e ? e->vlen : 0 };
     return b;
 }
 
 void weir_put(weir_ctx *ctx, size_t state, const uint8_t *value, size_t len) {
-    weir_table_put(table(state, ctx->rec->key_group), ctx->rec->key.ptr, ctx->rec->key.len, value, len);
+    weir_table_put(keyed(ctx, state), ctx->rec->key.ptr, ctx->rec->key.len, value, len);
 }
 
 void weir_remove(weir_ctx *ctx, size_t state) {
-    weir_table_remove(table(state, ctx->rec->key_group), ctx->rec->key.ptr, ctx->rec->key.len);
+    weir_table_remove(keyed(ctx, state), ctx->rec->key.ptr, ctx->rec->key.len);
 }
 
 static void emit_port(uint32_t port, int64_t ts, const uint8_t *key, size_t klen, const uint8_t *value,
@@ -557,7 +580,7 @@ int weir_tumbling_add(weir_ctx *ctx, const weir_tumbling *t, const weir_record *
                                       rec->value.len);
         return 0;
     }
-    weir_table *tb = table(t->state, ctx->rec->key_group);
+    weir_table *tb = keyed(ctx, t->state);
     weir_bytes key = weir_key(ctx);
     size_t item = WINDOW_HEAD + t->acc_size, n = 0, lo = 0, hi;
     weir_entry *e = weir_table_find(tb, key.ptr, key.len);
@@ -594,7 +617,7 @@ int weir_tumbling_add(weir_ctx *ctx, const weir_tumbling *t, const weir_record *
 int weir_tumbling_on_timer(weir_ctx *ctx, const weir_tumbling *t, weir_time_domain domain) {
     if (domain != WEIR_EVENT_TIME) return 0;
     int64_t time = ctx->rec->timestamp;
-    weir_table *tb = table(t->state, ctx->rec->key_group);
+    weir_table *tb = keyed(ctx, t->state);
     weir_bytes key = weir_key(ctx);
     weir_entry *e = weir_table_find(tb, key.ptr, key.len);
     size_t item = WINDOW_HEAD + t->acc_size, n, kept = 0;

@@ -68,3 +68,19 @@ fn window_js_tumbling_windows_match_the_rust_reference() {
 fn window_python_tumbling_windows_match_the_rust_reference() {
     matches_the_rust_reference(&py_component(PY_WINDOWS));
 }
+
+/// The C SDK checks what a C operator cannot be trusted to: keyed state used with no current
+/// key (here in `weir_on_open`) traps naming the mistake instead of reading through a null
+/// record into whatever memory is there; the job is refused before it starts (its probe runs
+/// `weir_on_open`).
+#[test]
+fn lang_c_keyed_state_without_a_current_key_traps_naming_the_mistake() {
+    let d = scratch();
+    write_input(d.path(), &input(10, 6));
+    let toml = job(&TUMBLING, &c_component(C_WINDOWS), 1, "", false)
+        .replace("aggregate = \"count\" }", "aggregate = \"count\", misuse = \"state_in_open\" }");
+    assert!(toml.contains("misuse"), "{toml}");
+    let e = crate::connectors::run(d.path(), &toml, None).unwrap_err();
+    assert!(e.contains("keyed state used outside a record or timer") && e.contains("`win`"), "{e}");
+    assert!(committed_lines(&d.path().join("out")).is_empty());
+}

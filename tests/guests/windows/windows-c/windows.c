@@ -45,6 +45,9 @@ static void fire(weir_ctx *ctx, weir_window w, const void *acc) {
 }
 
 int weir_on_open(weir_ctx *ctx) {
+    /* Tests of the SDK's own checks: keyed state without a current key must trap, clearly. */
+    const char *misuse = weir_config(ctx, "misuse");
+    if (misuse && strcmp(misuse, "state_in_open") == 0) (void)weir_get(ctx, 0);
     const char *kind = weir_config(ctx, "kind");
     const char *aggregate = weir_config(ctx, "aggregate");
     if (kind && strcmp(kind, "tumbling") != 0) {

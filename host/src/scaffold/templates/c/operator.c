@@ -6,7 +6,8 @@
 #include "weir.h"
 
 static const char *const STATES[] = { "count" };
-/* name, version, state schema version, side outputs (names, count), states (names, count) */
+/* name, version, state schema version, migrates from (schema versions, count), states (names,
+ * count); side outputs (names, count) may follow */
 const weir_operator_def WEIR_OPERATOR = { "{{name}}", "0.1.0", 1, NULL, 0, STATES, 1 };
 
 int weir_on_record(weir_ctx *ctx, const weir_record *rec) {
