@@ -15,27 +15,34 @@ use weir_guest::{Context, OpenContext, Operator, OperatorInfo, Record, Result, S
 
 struct Oracle {
     keys: u64,
-    next: ValueState<u64>,
+    next: Next,
     remove_every: u64,
     pad: usize,
-    padded: ValueState<(u64, Vec<u8>)>,
+}
+
+/// The one keyed state `next`: the next number, or with `remove_every`/`pad` the next number and
+/// its padding (one declared state either way, so live queries and upgrades see the same shape).
+enum Next {
+    Plain(ValueState<u64>),
+    Padded(ValueState<(u64, Vec<u8>)>),
 }
 
 impl Operator for Oracle {
     const INFO: OperatorInfo = OperatorInfo {
-        states: &[StateDescriptor::keyed_value("next"), StateDescriptor::keyed_value("padded")],
+        states: &[StateDescriptor::keyed_value("next")],
         side_outputs: &["violations"],
         ..OperatorInfo::new("test-oracle", "1.0.0")
     };
 
     fn open(ctx: &mut OpenContext<'_>) -> Result<Self> {
-        Ok(Oracle {
-            keys: ctx.config_or("keys", 0u64)?,
-            next: ctx.value_state("next")?,
-            remove_every: ctx.config_or("remove_every", 0u64)?,
-            pad: ctx.config_or("pad", 0usize)?,
-            padded: ctx.value_state("padded")?,
-        })
+        let remove_every = ctx.config_or("remove_every", 0u64)?;
+        let pad = ctx.config_or("pad", 0usize)?;
+        let next = if remove_every > 0 || pad > 0 {
+            Next::Padded(ctx.value_state("next")?)
+        } else {
+            Next::Plain(ctx.value_state("next")?)
+        };
+        Ok(Oracle { keys: ctx.config_or("keys", 0u64)?, next, remove_every, pad })
     }
 
     fn process(&mut self, ctx: &mut Context<'_>, rec: Record<'_>) -> Result<()> {
@@ -45,10 +52,11 @@ impl Operator for Oracle {
         let i: u64 = rec.value_str()?.parse()?;
         let seq = i / self.keys;
         let key = rec.key_str()?;
-        if self.remove_every > 0 || self.pad > 0 {
-            return self.removing(ctx, &rec, seq);
-        }
-        let expected = self.next.update_or_default(ctx, |n| {
+        let next = match &self.next {
+            Next::Plain(next) => next,
+            Next::Padded(padded) => return self.removing(padded, ctx, &rec, seq),
+        };
+        let expected = next.update_or_default(ctx, |n| {
             let e = *n;
             *n = seq + 1;
             e
@@ -68,10 +76,16 @@ impl Operator for Oracle {
 
 impl Oracle {
     /// The `remove_every` / `pad` mode (see the crate docs).
-    fn removing(&mut self, ctx: &mut Context<'_>, rec: &Record<'_>, seq: u64) -> Result<()> {
+    fn removing(
+        &self,
+        padded: &ValueState<(u64, Vec<u8>)>,
+        ctx: &mut Context<'_>,
+        rec: &Record<'_>,
+        seq: u64,
+    ) -> Result<()> {
         let every = self.remove_every.max(1);
         let key = rec.key_str()?;
-        let expected = match self.padded.with(ctx, |v| v.map(|(next, _)| *next)) {
+        let expected = match padded.with(ctx, |v| v.map(|(next, _)| *next)) {
             Some(next) => Some(next),
             // No state: never seen, or removed after the last record of a block.
             None if (if self.remove_every == 0 { seq == 0 } else { seq.is_multiple_of(every) }) => None,
@@ -87,9 +101,9 @@ impl Oracle {
             ctx.emit_side("violations", rec.key, v.as_bytes())?;
         }
         if self.remove_every == 0 || !(seq + 1).is_multiple_of(every) {
-            self.padded.set(ctx, (seq + 1, vec![(seq % 251) as u8; self.pad]));
+            padded.set(ctx, (seq + 1, vec![(seq % 251) as u8; self.pad]));
         } else {
-            self.padded.clear(ctx);
+            padded.clear(ctx);
         }
         ctx.emit(rec.key, format!("{key} {seq}").as_bytes());
         Ok(())
