@@ -58,9 +58,10 @@ pub enum LoadError {
     },
     /// Built against another version of Weir's WIT contract.
     #[error(
-        "operator `{uid}`: component {} was built against {found}, but this Weir speaks weir:operator@{CONTRACT} (and loads 0.3.0 and 0.3.1); \
+        "operator `{uid}`: component {} was built against {found}, but this Weir speaks weir:operator@{CONTRACT} (and loads {}); \
          rebuild it with the current SDK (Rust: weir-guest) or against wit/operator.wit",
-        path.display()
+        path.display(),
+        CONTRACTS[..CONTRACTS.len() - 1].join(" and ")
     )]
     OtherContract {
         /// Operator uid.
