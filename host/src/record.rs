@@ -219,6 +219,22 @@ pub fn validate_tags(buf: &[u8], max_tag: u32) -> Result<u32, FramingError> {
     }
 }
 
+/// Appends `v` in decimal.
+#[inline]
+pub fn write_decimal(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

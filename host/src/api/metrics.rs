@@ -155,7 +155,7 @@ pub fn render(jobs: &[JobMetrics<'_>]) -> String {
     for j in jobs {
         let _ = writeln!(out, "weir_job_upgrades_total{{{}}} {}", labels(j), j.status.upgrades.len());
     }
-    let now_ms = crate::checkpoint::driver::unix_ms() as f64;
+    let now_ms = crate::runtime::driver::unix_ms() as f64;
     for (name, kind, help, pick) in subtask_families(now_ms) {
         family(&mut out, name, kind, help);
         for j in jobs {

@@ -12,7 +12,7 @@
 use thiserror::Error;
 
 use crate::checkpoint::metadata::{ComponentEntry, StateEntry};
-use crate::sandbox::instance::{DeclaredState, OperatorInfo};
+use crate::declared::{DeclaredState, OperatorInfo};
 
 /// Why a new component cannot take over an operator's state.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -198,7 +198,7 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::bindings::types::{Redistribution, StateKind};
+    use crate::declared::{Redistribution, StateKind};
 
     fn declared(name: &str, kind: StateKind, keyed: bool) -> DeclaredState {
         DeclaredState { name: name.into(), kind, keyed, redistribution: Redistribution::None }

@@ -2,7 +2,7 @@
 //! checkpoints are pending, which acks complete one, when one times out.
 //!
 //! Time comes in as a parameter (milliseconds on any monotonic clock); the driver
-//! (`checkpoint/driver.rs`) carries out the decisions: inject barriers, publish manifests,
+//! (`runtime/driver.rs`) carries out the decisions: inject barriers, publish manifests,
 //! notify tasks.
 //!
 //! Invariants: ids are strictly increasing (also across restarts: the driver seeds
@@ -12,28 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::graph::logical::CheckpointSettings;
 use crate::ids::CheckpointId;
-
-/// Checkpoint settings (`[checkpoint]` in the job file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CheckpointSettings {
-    /// Trigger every this many milliseconds.
-    pub interval_ms: u64,
-    /// A pending checkpoint older than this is aborted.
-    pub timeout_ms: u64,
-    /// Minimum time between the end of one checkpoint and the trigger of the next.
-    pub min_pause_ms: u64,
-    /// Pending checkpoints allowed at once.
-    pub max_concurrent: usize,
-    /// Completed checkpoints kept on disk.
-    pub retained: usize,
-}
-
-impl Default for CheckpointSettings {
-    fn default() -> Self {
-        CheckpointSettings { interval_ms: 1000, timeout_ms: 60_000, min_pause_ms: 0, max_concurrent: 1, retained: 3 }
-    }
-}
 
 /// Why a checkpoint did not complete.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,12 +1,11 @@
 //! Asynchronous Barrier Snapshotting: the protocol's pure state machines (alignment,
-//! coordinator, recovery mapping), their thin drivers, and checkpoint storage.
+//! coordinator, recovery mapping) and checkpoint storage; the threads that drive them live in
+//! `runtime/` (`driver.rs`, `control.rs`).
 
 pub mod alignment;
 pub mod backedge;
 pub mod compat;
-pub mod control;
 pub mod coordinator;
-pub mod driver;
 pub mod evidence;
 pub mod incremental;
 pub mod layout;
@@ -15,4 +14,3 @@ pub mod recovery;
 pub mod snapshot;
 pub mod storage;
 pub mod upgrade;
-pub mod writer;

@@ -18,9 +18,9 @@ use thiserror::Error;
 use crate::checkpoint::layout::{self, NamedState};
 use crate::checkpoint::snapshot::{SinkState, SourcePosition, SubtaskState};
 use crate::checkpoint::storage::LoadedCheckpoint;
+use crate::declared::Redistribution;
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::keygroup::key_group_range;
-use crate::sandbox::bindings::types::Redistribution;
 
 /// Why a checkpoint cannot be restored into a job.
 #[derive(Debug, Error, PartialEq, Eq)]

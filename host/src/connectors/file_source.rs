@@ -13,9 +13,9 @@ use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::Path;
 
 use crate::connectors::throttle::Throttle;
+use crate::connectors::{Disconnected, Emit};
 use crate::graph::logical::EventTimeColumn;
 use crate::record::RecordRef;
-use crate::runtime::output::{Disconnected, Output};
 
 /// One file source subtask.
 pub struct FileSource {
@@ -147,7 +147,7 @@ impl FileSource {
 
     /// Emits up to `max` lines; returns how many (`Some(0)`: none due yet under `rate`;
     /// `None`: end of file).
-    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<Option<u32>, FileSourceError> {
+    pub fn emit(&mut self, max: u32, out: &mut impl Emit) -> Result<Option<u32>, FileSourceError> {
         let mut max = max;
         if let Some(t) = self.throttle.as_mut() {
             out.flush().map_err(FileSourceError::Disconnected)?;

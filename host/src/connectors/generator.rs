@@ -6,8 +6,9 @@
 //! can rewind to any position.
 
 use crate::connectors::throttle::Throttle;
+use crate::connectors::{Disconnected, Emit};
 use crate::graph::logical::GeneratorConfig;
-use crate::runtime::output::{Disconnected, Output};
+use crate::record::write_decimal;
 
 /// splitmix64 step.
 #[inline]
@@ -53,7 +54,7 @@ impl Generator {
 
     /// Emits up to `max` records; returns how many (`Some(0)`: none due yet under `rate`;
     /// `None`: exhausted).
-    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<Option<u32>, Disconnected> {
+    pub fn emit(&mut self, max: u32, out: &mut impl Emit) -> Result<Option<u32>, Disconnected> {
         if self.next >= self.cfg.count {
             return Ok(None);
         }
@@ -100,22 +101,6 @@ impl Generator {
     pub fn last_timestamp(&self) -> i64 {
         self.next as i64 - self.step as i64
     }
-}
-
-/// Appends `v` in decimal.
-#[inline]
-pub fn write_decimal(out: &mut Vec<u8>, mut v: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
 }
 
 #[cfg(test)]

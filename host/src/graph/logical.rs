@@ -7,10 +7,9 @@
 
 use std::path::PathBuf;
 
-use crate::checkpoint::coordinator::CheckpointSettings;
 use crate::graph::partition::Partition;
+use crate::graph::restart::RestartStrategy;
 use crate::ids::NodeId;
-use crate::runtime::restart::RestartStrategy;
 
 /// A validated job.
 #[derive(Debug, Clone)]
@@ -36,7 +35,7 @@ pub struct JobGraph {
     /// The processing guarantee the job asks for.
     pub guarantee: Guarantee,
     /// Resource limits of every operator instance.
-    pub limits: crate::sandbox::limits::Limits,
+    pub limits: crate::graph::limits::Limits,
 }
 
 /// `[job] guarantee`.
@@ -59,6 +58,27 @@ pub struct CheckpointConfig {
     pub settings: CheckpointSettings,
     /// Incremental snapshots of keyed state (`checkpoint/incremental.rs`).
     pub incremental: bool,
+}
+
+/// Checkpoint settings (`[checkpoint]` in the job file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointSettings {
+    /// Trigger every this many milliseconds.
+    pub interval_ms: u64,
+    /// A pending checkpoint older than this is aborted.
+    pub timeout_ms: u64,
+    /// Minimum time between the end of one checkpoint and the trigger of the next.
+    pub min_pause_ms: u64,
+    /// Pending checkpoints allowed at once.
+    pub max_concurrent: usize,
+    /// Completed checkpoints kept on disk.
+    pub retained: usize,
+}
+
+impl Default for CheckpointSettings {
+    fn default() -> Self {
+        CheckpointSettings { interval_ms: 1000, timeout_ms: 60_000, min_pause_ms: 0, max_concurrent: 1, retained: 3 }
+    }
 }
 
 impl JobGraph {
@@ -161,7 +181,7 @@ pub enum SourceKind {
     /// Records of Kafka topics; offsets in checkpoints.
     Kafka(KafkaSource),
     /// Nexmark events (persons, auctions, bids), generated.
-    Nexmark(crate::connectors::nexmark::NexmarkConfig),
+    Nexmark(NexmarkConfig),
 }
 
 /// A Kafka source's topics, start, bounds and watermarks.
@@ -237,6 +257,34 @@ pub struct GeneratorConfig {
     pub seed: u64,
     /// Timestamps are the wall clock at creation (ms), not `i` (`timestamps = "ingestion"`).
     pub ingestion_time: bool,
+}
+
+/// A `nexmark` source's options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NexmarkConfig {
+    /// Events in total (all subtasks).
+    pub count: u64,
+    /// The stream's shape.
+    pub params: NexmarkParams,
+    /// Events per second per subtask, wall clock (unlimited when absent).
+    pub rate: Option<u64>,
+}
+
+/// What shapes a `nexmark` stream (the source's options; the generator is
+/// `connectors/nexmark/generator.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NexmarkParams {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Event-time rate: events per second of event time (> 0).
+    pub events_per_second: u64,
+    /// Timestamp of event 0, ms.
+    pub base_time_ms: i64,
+    /// Positions are shuffled within groups of this many (1: in order).
+    pub out_of_order_group_size: u64,
+    /// How many of the newest persons sell and bid besides the hot ones (the reference's
+    /// `numActivePeople`, 1000); more spreads bids over more bidders (more open sessions).
+    pub active_people: u64,
 }
 
 /// A WASM operator.

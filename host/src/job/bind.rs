@@ -6,14 +6,25 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use thiserror::Error;
 use wasmtime::Engine;
 
 use crate::graph::logical::{DEAD_LETTER, JobGraph, NodeKind, OnError, Side};
 use crate::graph::partition::Partition;
 use crate::job::JobError;
 use crate::operator::OperatorFactory;
-use crate::runtime::error::RunError;
-use crate::sandbox::instance::LoadedComponent;
+use crate::sandbox::instance::{LoadError, LoadedComponent};
+
+/// Why a job cannot be bound to its components.
+#[derive(Debug, Error)]
+pub enum BindError {
+    /// The job file does not fit its components (names the file and line).
+    #[error(transparent)]
+    Job(#[from] JobError),
+    /// A component cannot be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
 
 /// A job whose components are compiled and match its graph.
 pub struct BoundJob {
@@ -26,7 +37,7 @@ pub struct BoundJob {
 }
 
 /// Loads every component of `graph` and checks the graph against them.
-pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, RunError> {
+pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, BindError> {
     let mut components = BTreeMap::new();
     for (i, n) in graph.nodes.iter().enumerate() {
         if let NodeKind::Operator(op) = &n.kind {

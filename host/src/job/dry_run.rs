@@ -16,22 +16,20 @@ use crate::graph::partition::Partition;
 use crate::job::JobError;
 use crate::operator::{OperatorFactory, OperatorLogic};
 use crate::record::Batch;
-use crate::runtime::error::RunError;
 use crate::sandbox::host::HostState;
 
 /// Events of each deterministic source the probes take.
 pub const SAMPLE_EVENTS: u64 = 500;
 
 /// Runs the probes of `graph` (see the module docs).
-pub fn check(graph: &JobGraph, components: &BTreeMap<usize, OperatorFactory>) -> Result<(), RunError> {
-    let refused = |i: usize, what: &str, why: String| -> RunError {
+pub fn check(graph: &JobGraph, components: &BTreeMap<usize, OperatorFactory>) -> Result<(), JobError> {
+    let refused = |i: usize, what: &str, why: String| -> JobError {
         let node = &graph.nodes[i];
         JobError {
             file: graph.file.clone(),
             line: Some(node.line),
             message: format!("operator `{}` {what}: {why}", node.id),
         }
-        .into()
     };
     let mut probes: BTreeMap<usize, Box<dyn OperatorLogic>> = BTreeMap::new();
     for (&i, c) in components {

@@ -9,16 +9,16 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use toml::Spanned;
 
-use crate::checkpoint::coordinator::CheckpointSettings;
+use crate::graph::limits::{CEILING, Limits};
+use crate::graph::logical::CheckpointSettings;
 use crate::graph::logical::{
     CheckpointConfig, Edge, EventTimeColumn, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OnError,
     OperatorNode, PostgresTarget, Side, SinkFormat, SinkKind, SourceKind, ValueFormat,
 };
 use crate::graph::partition::Partition;
+use crate::graph::restart::RestartStrategy;
 use crate::ids::NodeId;
 use crate::job::spec::{InputSpec, JobSpec, SinkSpec};
-use crate::runtime::restart::RestartStrategy;
-use crate::sandbox::limits::{CEILING, Limits};
 
 mod kafka;
 mod nexmark;

@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
+use crate::declared::OperatorInfo;
 use crate::graph::logical::Side;
 use crate::operator::native::NativeKeyedCount;
 use crate::record::Batch;
 use crate::sandbox::bindings::types::{OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::host::HostState;
-use crate::sandbox::instance::{GuestError, LoadedComponent, OperatorInfo, OperatorInstance};
+use crate::sandbox::instance::{GuestError, LoadedComponent, OperatorInstance};
 
 /// One operator instance of one subtask.
 pub trait OperatorLogic: Send {

@@ -8,12 +8,13 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::connectors::generator::write_decimal;
+use crate::declared::{DeclaredState, OperatorInfo, Redistribution, StateKind};
 use crate::graph::logical::Side;
 use crate::record::Batch;
-use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, StateKind, TimeDomain};
+use crate::record::write_decimal;
+use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::host::HostState;
-use crate::sandbox::instance::{DeclaredState, GuestError, OperatorInfo};
+use crate::sandbox::instance::GuestError;
 
 use super::OperatorLogic;
 
@@ -28,7 +29,7 @@ pub fn info() -> OperatorInfo {
             name: "count".into(),
             kind: StateKind::Value,
             keyed: true,
-            redistribution: crate::sandbox::bindings::types::Redistribution::None,
+            redistribution: Redistribution::None,
         }],
         side_outputs: vec![],
         two_input: false,

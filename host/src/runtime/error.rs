@@ -5,6 +5,7 @@ use thiserror::Error;
 
 use crate::ids::TaskId;
 use crate::job::JobError;
+use crate::job::bind::BindError;
 use crate::sandbox::instance::{GuestError, LoadError};
 
 /// Why a subtask failed.
@@ -185,4 +186,13 @@ pub enum RunError {
         /// What failed.
         message: String,
     },
+}
+
+impl From<BindError> for RunError {
+    fn from(e: BindError) -> Self {
+        match e {
+            BindError::Job(e) => RunError::Job(e),
+            BindError::Load(e) => RunError::Load(e),
+        }
+    }
 }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded};
 
-use crate::checkpoint::control::{Control, Event, WriteMsg};
-use crate::checkpoint::driver::{self, Completed, DriverConfig, DriverEnd, NodeTemplate, TaskTemplate};
+use crate::runtime::control::{Control, Event, WriteMsg};
+use crate::runtime::driver::{self, Completed, DriverConfig, DriverEnd, NodeTemplate, TaskTemplate};
 use std::collections::BTreeMap;
 
 use crate::checkpoint::compat;
@@ -25,13 +25,13 @@ use crate::checkpoint::metadata::ComponentEntry;
 use crate::checkpoint::recovery;
 use crate::checkpoint::snapshot::SourcePosition;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint, store_component};
-use crate::checkpoint::writer;
 use crate::connectors::file_sink::{FileSink, clear_parts};
 use crate::connectors::file_source::FileSource;
 use crate::connectors::generator::Generator;
 use crate::connectors::kafka::sink::{KafkaSink, Opening as KafkaOpening};
 use crate::connectors::kafka::source::KafkaReader;
 use crate::connectors::nexmark::NexmarkSource;
+use crate::declared::Redistribution;
 use crate::graph::logical::{NodeKind, SinkKind, SourceKind};
 use crate::graph::partition::Partition;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
@@ -52,7 +52,7 @@ use crate::runtime::source::{SourceReader, SourceTask, kafka_failure};
 use crate::runtime::task::{Faults, OperatorTask, Restore};
 use crate::runtime::termination::LoopTermination;
 use crate::runtime::upgrade::{self, component_entry};
-use crate::sandbox::bindings::types::Redistribution;
+use crate::runtime::writer;
 use crate::sandbox::bindings::types::TaskInfo;
 use crate::sandbox::host::HostState;
 use crate::sandbox::instance::LoadedComponent;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Select};
 
-use crate::checkpoint::control::Control;
 use crate::graph::logical::Side;
+use crate::runtime::control::Control;
 use crate::runtime::message::Message;
 
 /// One input channel.

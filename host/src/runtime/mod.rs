@@ -1,6 +1,8 @@
 //! Executing a job: subtasks on threads connected by bounded channels carrying batches.
 
+pub mod control;
 pub mod cpu_shares;
+pub mod driver;
 pub mod error;
 pub mod executor;
 pub mod failed_record;
@@ -17,9 +19,9 @@ pub mod participant;
 pub mod priority;
 pub mod query;
 pub mod repeated_failure;
-pub mod restart;
 pub mod sink;
 pub mod source;
 pub mod task;
 pub mod termination;
 pub mod upgrade;
+pub mod writer;

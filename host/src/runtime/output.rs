@@ -10,15 +10,14 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Sender, TrySendError};
 
+use crate::connectors::Emit;
 use crate::graph::partition::{Partition, Selector, Target};
 use crate::record::{Batch, RecordRef};
 use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::message::Message;
 use crate::runtime::metrics::SubtaskMetrics;
 
-/// The downstream side is gone (its task stopped): the job is being torn down.
-#[derive(Debug)]
-pub struct Disconnected;
+pub use crate::connectors::Disconnected;
 
 /// One outgoing edge of a subtask.
 pub struct EdgeOutput {
@@ -226,5 +225,16 @@ impl Output {
     /// No outgoing edges (a sink).
     pub fn is_empty(&self) -> bool {
         self.edges.is_empty()
+    }
+}
+
+impl Emit for Output {
+    #[inline]
+    fn emit(&mut self, rec: RecordRef<'_>) -> Result<(), Disconnected> {
+        Output::emit(self, rec)
+    }
+
+    fn flush(&mut self) -> Result<(), Disconnected> {
+        Output::flush(self)
     }
 }

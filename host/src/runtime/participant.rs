@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
-use crate::checkpoint::control::{Control, Event, Timing, WriteJob, WriteMsg};
 use crate::checkpoint::incremental::{ChainLink, IncrementalPolicy};
 use crate::checkpoint::snapshot::KeyGroupSnapshot;
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::ids::{CheckpointId, TaskId};
+use crate::runtime::control::{Control, Event, Timing, WriteJob, WriteMsg};
 use crate::runtime::error::TaskFailure;
 
 /// Checkpointing links of one subtask.

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
-use crate::checkpoint::control::{Control, Timing};
 use crate::checkpoint::snapshot::SubtaskState;
 use crate::connectors::file_sink::{FileSink, write_line};
 use crate::connectors::kafka::sink::KafkaSink;
 use crate::connectors::postgres_sink::{PgSinkError, PostgresSink};
 use crate::graph::logical::SinkFormat;
 use crate::ids::{CheckpointId, TaskId};
+use crate::runtime::control::{Control, Timing};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::latency::LatencyRecorder;

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::checkpoint::control::{Control, Timing};
 use crate::checkpoint::snapshot::{SourcePosition, SubtaskState};
 use crate::connectors::file_source::{FileSource, FileSourceError};
 use crate::connectors::generator::Generator;
 use crate::connectors::kafka::source::{KafkaReader, KafkaSourceError};
 use crate::connectors::nexmark::NexmarkSource;
 use crate::ids::TaskId;
+use crate::runtime::control::{Control, Timing};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::message::Message;
 use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
-use crate::checkpoint::control::{Control, Event, Timing};
 use crate::checkpoint::evidence::GroupLedger;
 use crate::checkpoint::snapshot::LoggedBatch;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
@@ -21,6 +20,7 @@ use crate::graph::logical::Side;
 use crate::ids::{CheckpointId, TaskId};
 use crate::operator::{OperatorFactory, OperatorLogic};
 use crate::record::{Batch, NO_KEY_GROUP};
+use crate::runtime::control::{Control, Event, Timing};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::failed_record;
 use crate::runtime::faults::{FaultKind, FaultPlan};

@@ -11,6 +11,7 @@ use thiserror::Error;
 use wasmtime::component::Linker;
 use wasmtime::{Engine, Store};
 
+use crate::declared::{DeclaredState, OperatorInfo, Redistribution, StateKind};
 use crate::graph::logical::Side;
 use crate::record::Batch;
 use crate::sandbox::bindings::{one, two, types};
@@ -131,62 +132,21 @@ pub enum GuestError {
     },
 }
 
-/// What the component declares (`describe`), in host types.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OperatorInfo {
-    /// Name.
-    pub name: String,
-    /// Semantic version.
-    pub version: String,
-    /// State schema version.
-    pub schema_version: u32,
-    /// Migratable older schema versions.
-    pub migrates_from: Vec<u32>,
-    /// Declared state.
-    pub states: Vec<DeclaredState>,
-    /// Side output names.
-    pub side_outputs: Vec<String>,
-    /// Implements `co-operator`.
-    pub two_input: bool,
-}
-
-/// One piece of state an operator declares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeclaredState {
-    /// Name.
-    pub name: String,
-    /// Shape.
-    pub kind: types::StateKind,
-    /// Partitioned by key group.
-    pub keyed: bool,
-    /// Non-keyed state: how it moves on rescale.
-    pub redistribution: types::Redistribution,
-}
-
-impl DeclaredState {
-    /// `value`, `list`, `map`.
-    pub fn kind_name(&self) -> &'static str {
-        match self.kind {
-            types::StateKind::Value => "value",
-            types::StateKind::List => "list",
-            types::StateKind::Map => "map",
-        }
-    }
-
-    /// `none`, `split`, `union`.
-    pub fn redistribution_name(&self) -> &'static str {
-        match self.redistribution {
-            types::Redistribution::None => "none",
-            types::Redistribution::Split => "split",
-            types::Redistribution::Union => "union",
-        }
+/// The WIT state kind as the host's.
+fn state_kind(k: types::StateKind) -> StateKind {
+    match k {
+        types::StateKind::Value => StateKind::Value,
+        types::StateKind::List => StateKind::List,
+        types::StateKind::Map => StateKind::Map,
     }
 }
 
-impl OperatorInfo {
-    /// Declares any keyed state.
-    pub fn has_keyed_state(&self) -> bool {
-        self.states.iter().any(|s| s.keyed)
+/// The WIT redistribution as the host's.
+fn redistribution(r: types::Redistribution) -> Redistribution {
+    match r {
+        types::Redistribution::None => Redistribution::None,
+        types::Redistribution::Split => Redistribution::Split,
+        types::Redistribution::Union => Redistribution::Union,
     }
 }
 
@@ -340,7 +300,12 @@ impl LoadedComponent {
             states: d
                 .states
                 .into_iter()
-                .map(|s| DeclaredState { name: s.name, kind: s.kind, keyed: s.keyed, redistribution: s.redistribution })
+                .map(|s| DeclaredState {
+                    name: s.name,
+                    kind: state_kind(s.kind),
+                    keyed: s.keyed,
+                    redistribution: redistribution(s.redistribution),
+                })
                 .collect(),
             side_outputs: d.side_outputs,
             two_input: matches!(lc.pre, Pre::Two(_)),

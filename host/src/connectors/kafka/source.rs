@@ -19,9 +19,9 @@ use super::watermarks::Watermarks;
 use super::{KafkaError, REQUEST_TIMEOUT, client_config};
 use crate::checkpoint::snapshot::KafkaOffset;
 use crate::connectors::throttle::Throttle;
+use crate::connectors::{Disconnected, Emit};
 use crate::graph::logical::{KafkaSource, KafkaStart, KafkaTopics};
 use crate::record::RecordRef;
-use crate::runtime::output::{Disconnected, Output};
 
 type Result<T> = std::result::Result<T, KafkaError>;
 
@@ -294,7 +294,7 @@ impl KafkaReader {
     }
 
     /// Reads up to `max` records into `out`; `None` at the end of a bounded read.
-    pub fn emit(&mut self, max: u32, out: &mut Output) -> std::result::Result<Option<u32>, KafkaSourceError> {
+    pub fn emit(&mut self, max: u32, out: &mut impl Emit) -> std::result::Result<Option<u32>, KafkaSourceError> {
         if !self.cfg.bounded
             && self.cfg.discovery_interval_ms > 0
             && self.last_discovery.elapsed() >= Duration::from_millis(self.cfg.discovery_interval_ms)

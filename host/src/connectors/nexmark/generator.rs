@@ -21,6 +21,7 @@
 
 use super::model::Event;
 use crate::connectors::generator::splitmix64;
+pub use crate::graph::logical::NexmarkParams as Params;
 
 const PERSON_PROPORTION: u64 = 1;
 const AUCTION_PROPORTION: u64 = 3;
@@ -57,22 +58,6 @@ const LAST_NAMES: [&str; 9] = ["Shultz", "Abrams", "Spencer", "White", "Bartels"
 const AVG_PERSON_BYTES: usize = 200;
 const AVG_AUCTION_BYTES: usize = 500;
 const AVG_BID_BYTES: usize = 100;
-
-/// What shapes the stream (the `nexmark` source's options).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Params {
-    /// Seed of every random choice.
-    pub seed: u64,
-    /// Event-time rate: events per second of event time (> 0).
-    pub events_per_second: u64,
-    /// Timestamp of event 0, ms.
-    pub base_time_ms: i64,
-    /// Positions are shuffled within groups of this many (1: in order).
-    pub out_of_order_group_size: u64,
-    /// How many of the newest persons sell and bid besides the hot ones (the reference's
-    /// `numActivePeople`, 1000); more spreads bids over more bidders (more open sessions).
-    pub active_people: u64,
-}
 
 /// What kind of event number `n` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,20 +10,9 @@ pub mod generator;
 pub mod model;
 
 use crate::connectors::throttle::Throttle;
+use crate::connectors::{Disconnected, Emit};
+pub use crate::graph::logical::NexmarkConfig;
 use crate::record::RecordRef;
-use crate::runtime::output::{Disconnected, Output};
-use generator::Params;
-
-/// A `nexmark` source's options.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NexmarkConfig {
-    /// Events in total (all subtasks).
-    pub count: u64,
-    /// The stream's shape.
-    pub params: Params,
-    /// Events per second per subtask, wall clock (unlimited when absent).
-    pub rate: Option<u64>,
-}
 
 /// One `nexmark` source subtask.
 pub struct NexmarkSource {
@@ -60,7 +49,7 @@ impl NexmarkSource {
 
     /// Emits up to `max` events; returns how many (`Some(0)`: none due yet under `rate`;
     /// `None`: all emitted).
-    pub fn emit(&mut self, max: u32, out: &mut Output) -> Result<Option<u32>, Disconnected> {
+    pub fn emit(&mut self, max: u32, out: &mut impl Emit) -> Result<Option<u32>, Disconnected> {
         if self.next >= self.cfg.count {
             return Ok(None);
         }

@@ -14,9 +14,9 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::checkpoint::control::{Ack, Event, WriteMsg};
 use crate::checkpoint::snapshot::StateFileWriter;
 use crate::checkpoint::storage::{AtomicFile, CheckpointStore};
+use crate::runtime::control::{Ack, Event, WriteMsg};
 
 /// A state file being appended to.
 struct Open {

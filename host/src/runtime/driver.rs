@@ -22,16 +22,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::checkpoint::control::{Ack, Control, Event};
-use crate::checkpoint::coordinator::{AckOutcome, CheckpointSettings, Coordinator, TriggerDecision};
+use crate::checkpoint::coordinator::{AckOutcome, Coordinator, TriggerDecision};
 use crate::checkpoint::metadata::{
     CheckpointMetrics, ComponentEntry, Manifest, OperatorEntry, SubtaskEntry, SubtaskTiming, format_version_for,
 };
 use crate::checkpoint::storage::{CheckpointStore, export_savepoint, store_component};
 use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
+use crate::graph::logical::CheckpointSettings;
 use crate::graph::logical::JobGraph;
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
+use crate::runtime::control::{Ack, Control, Event};
 use crate::runtime::handle::{CheckpointFailure, FAILURES_KEPT, JobStatus, Request, SavepointInfo, UpgradeInfo};
 use crate::runtime::query::{QueryAnswer, StateQuery, resolve_state};
 use crate::runtime::upgrade;
