@@ -3,4 +3,6 @@
 pub mod limits;
 pub mod logical;
 pub mod partition;
+pub mod physical;
+pub mod placement;
 pub mod restart;

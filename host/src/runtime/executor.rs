@@ -1,60 +1,36 @@
-//! Turns a bound job into running subtasks — one thread per subtask, one bounded channel
-//! per (upstream subtask, downstream subtask) pair of every edge — and keeps it running:
-//! on a failure every subtask is cancelled and the job restarts from the latest complete
-//! checkpoint, as the restart strategy allows.
+//! Runs a bound job and keeps it running: chooses the components and the checkpoint to
+//! restore, runs attempts (each deployed by `runtime/local.rs` from the job's physical plan),
+//! and after a failure restarts from the latest complete checkpoint as the restart strategy
+//! allows.
 //!
-//! Invariants: a failing subtask drops its channels, so its neighbours see a disconnect and
-//! stop too, and the cancel flag stops the rest; the job's error is the first root cause
-//! (not the disconnects it caused); an attempt starts only after every thread of the
-//! previous one has exited.
+//! Invariants: an attempt starts only after every thread of the previous one has exited; a
+//! run restarts only from its own checkpoints or from where it started; the same failure
+//! from the same restore point stops the job instead of looping.
 
-use crate::runtime::latency::{LatencyRecorder, LatencySummary};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, unbounded};
-
-use crate::runtime::control::{Control, Event, WriteMsg};
-use crate::runtime::driver::{self, Completed, DriverConfig, DriverEnd, NodeTemplate, TaskTemplate};
-use std::collections::BTreeMap;
-
 use crate::checkpoint::compat;
 use crate::checkpoint::metadata::ComponentEntry;
 use crate::checkpoint::recovery;
-use crate::checkpoint::snapshot::SourcePosition;
-use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint, store_component};
-use crate::connectors::file_sink::{FileSink, clear_parts};
-use crate::connectors::file_source::FileSource;
-use crate::connectors::generator::Generator;
-use crate::connectors::kafka::sink::{KafkaSink, Opening as KafkaOpening};
-use crate::connectors::kafka::source::KafkaReader;
-use crate::connectors::nexmark::NexmarkSource;
+use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
 use crate::declared::Redistribution;
-use crate::graph::logical::{NodeKind, SinkKind, SourceKind};
-use crate::graph::partition::Partition;
-use crate::ids::{NodeId, SubtaskIndex, TaskId};
+use crate::graph::logical::NodeKind;
+use crate::ids::NodeId;
 use crate::job::bind::BoundJob;
-use crate::keygroup::key_group_range;
 use crate::operator::OperatorFactory;
+use crate::runtime::driver::Completed;
 use crate::runtime::error::{RunError, TaskFailure};
-use crate::runtime::failed_record::Origin;
 use crate::runtime::faults::FaultPlan;
-use crate::runtime::handle::{Endpoint, JobState, NodeInput, NodeStatus, Request, SavepointInfo};
-use crate::runtime::input::{InputChannel, Inputs};
+use crate::runtime::handle::{Endpoint, JobState, NodeInput, NodeStatus, SavepointInfo};
+use crate::runtime::latency::LatencySummary;
+use crate::runtime::local::{Attempt, run_attempt};
 use crate::runtime::metrics::NodeMetrics;
-use crate::runtime::output::{EdgeOutput, Output};
-use crate::runtime::participant::Participant;
 use crate::runtime::priority;
-use crate::runtime::sink::{SinkTask, SinkWriter};
-use crate::runtime::source::{SourceReader, SourceTask, kafka_failure};
-use crate::runtime::task::{Faults, OperatorTask, Restore};
-use crate::runtime::termination::LoopTermination;
 use crate::runtime::upgrade::{self, component_entry};
-use crate::runtime::writer;
-use crate::sandbox::bindings::types::TaskInfo;
-use crate::sandbox::host::HostState;
 use crate::sandbox::instance::LoadedComponent;
 
 /// Where to restore a run from.
@@ -132,21 +108,18 @@ pub struct RunSummary {
     pub stopped_with: Option<SavepointInfo>,
 }
 
-enum Task {
-    Source(SourceTask),
-    Operator(Box<dyn FnOnce() -> Result<OperatorTask, TaskFailure> + Send>),
-    Sink(SinkTask),
-}
-
 /// How one attempt ended.
-enum AttemptEnd {
+pub(crate) enum AttemptEnd {
+    /// Every subtask finished.
     Done(Vec<NodeSummary>),
+    /// Stopped with this savepoint.
     Stopped(Vec<NodeSummary>, SavepointInfo),
+    /// This root cause.
     Failed(TaskFailure),
 }
 
 /// The running component of every operator node and how manifests record it.
-type Live = Arc<Mutex<BTreeMap<usize, (OperatorFactory, ComponentEntry)>>>;
+pub(crate) type Live = Arc<Mutex<BTreeMap<usize, (OperatorFactory, ComponentEntry)>>>;
 
 /// Chooses each operator's component for a run that restores `chk`: the job file's, unless
 /// the checkpoint records a live upgrade away from exactly that component, in which case the
@@ -367,41 +340,7 @@ fn run_attempts(
             let mut st = e.status.lock().unwrap();
             st.attempts = failures + 1;
             st.state = JobState::Running;
-            let l = live.lock().unwrap();
-            st.nodes = g
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(i, n)| NodeStatus {
-                    uid: n.id.to_string(),
-                    parallelism: n.parallelism,
-                    component: l.get(&i).map(|(f, _)| upgrade::describe(f)),
-                    records_in: 0,
-                    records_out: 0,
-                    backpressured_ms: 0,
-                    dead_letters: 0,
-                    busy_ms: 0,
-                    kind: match n.kind {
-                        NodeKind::Source(_) => "source",
-                        NodeKind::Operator(_) => "operator",
-                        NodeKind::Sink(_) => "sink",
-                    }
-                    .into(),
-                    inputs: g
-                        .edges
-                        .iter()
-                        .filter(|e| e.to == i)
-                        .map(|e| NodeInput { from: g.nodes[e.from].id.to_string(), feedback: e.feedback })
-                        .collect(),
-                    idle_ms: 0,
-                    bytes_in: 0,
-                    bytes_out: 0,
-                    guest_calls: 0,
-                    watermark: None,
-                    guest_memory_bytes: 0,
-                    subtasks: Vec::new(),
-                })
-                .collect();
+            st.nodes = node_statuses(g, live);
         }
         let summary = |nodes, stopped_with| RunSummary {
             elapsed: started.elapsed(),
@@ -412,7 +351,18 @@ fn run_attempts(
             stopped_with,
         };
         let nice = if demoted { priority::DEMOTED_NICE } else { 0 };
-        match run_attempt(job, opts, failures, restore.as_ref(), store, &completed, live, &dropped, nice)? {
+        let attempt = Attempt {
+            job,
+            opts,
+            attempt: failures,
+            restore: restore.as_ref(),
+            store,
+            completed: &completed,
+            live,
+            dropped: &dropped,
+            nice,
+        };
+        match run_attempt(&attempt)? {
             AttemptEnd::Done(nodes) => return Ok(summary(nodes, None)),
             AttemptEnd::Stopped(nodes, sp) => return Ok(summary(nodes, Some(sp))),
             AttemptEnd::Failed(cause) => {
@@ -463,544 +413,45 @@ fn run_attempts(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_attempt(
-    job: &BoundJob,
-    opts: &RunOptions,
-    attempt: u32,
-    restore: Option<&LoadedCheckpoint>,
-    store: Option<&CheckpointStore>,
-    completed: &Arc<Completed>,
-    live: &Live,
-    dropped: &BTreeMap<usize, Vec<String>>,
-    nice: i32,
-) -> Result<AttemptEnd, RunError> {
-    let g = &job.graph;
-    let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
-    let cancel = Arc::new(AtomicBool::new(false));
-    let metrics: Vec<Arc<NodeMetrics>> = g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
-
-    // What each subtask restores.
-    let plan = match restore {
-        Some(c) => Some({
-            let components = live.lock().unwrap().clone();
-            let redistribution = |node: usize, state: &str| {
-                components
-                    .get(&node)
-                    .and_then(|(f, _)| f.info().states.iter().find(|s| s.name == state).map(|s| s.redistribution))
-                    .unwrap_or(Redistribution::None)
-            };
-            recovery::plan(c, g, &redistribution, dropped, opts.allow_non_restored_state)
-                .map_err(|e| setup(format!("cannot restore {}: {e}", c.path.display())))?
-        }),
-        None => None,
-    };
-    let restored_state = |node: usize, subtask: u32| plan.as_ref().and_then(|p| p[node][subtask as usize].clone());
-    let retired = restore.map(|c| recovery::retired_sinks(c, g)).unwrap_or_default();
-    if let Some(c) = restore
-        && c.manifest.finished
-    {
-        // The job had finished; only its last commits may be missing: opening a sink on the
-        // restored state finishes them.
-        for (i, n) in g.nodes.iter().enumerate() {
-            for s in 0..n.parallelism {
-                let st = restored_state(i, s);
-                let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s) };
-                let finishing =
-                    |e: String| setup(format!("sink `{}` subtask {s}: finishing its last commit: {e}", n.id));
-                match &n.kind {
-                    NodeKind::Sink(SinkKind::File { path, format }) => {
-                        let sink = st.and_then(|st| st.sink);
-                        FileSink::open(path, s, *format, sink.as_ref())
-                            .map_err(|e| finishing(format!("{}: {e}", path.display())))?;
-                    }
-                    NodeKind::Sink(SinkKind::Kafka(target)) => {
-                        let blob = st.as_ref().map(|st| &st.operator_state[..]);
-                        let adopted = st.as_ref().map(|st| st.adopted_blobs.clone()).unwrap_or_default();
-                        match KafkaSink::open(target, KafkaOpening { subtask: s, restored: blob, adopted: &adopted }) {
-                            Ok(_) => {}
-                            Err(e) if attempt == 0 => return Err(finishing(e.to_string())),
-                            Err(e) => return Ok(AttemptEnd::Failed(kafka_failure(&id, e))),
-                        }
-                    }
-                    NodeKind::Sink(SinkKind::Postgres(target)) => {
-                        let sink = st.as_ref().and_then(|st| st.sink.clone());
-                        let adopted = st.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
-                        let opening = crate::connectors::postgres_sink::Opening {
-                            subtask: s,
-                            parallelism: n.parallelism,
-                            restored: sink.as_ref(),
-                            adopted: &adopted,
-                            checkpoint_interval: None,
-                        };
-                        match crate::connectors::postgres_sink::PostgresSink::open(target, opening) {
-                            Ok(_) => {}
-                            Err(e) if attempt == 0 => return Err(finishing(e.to_string())),
-                            Err(e) => return Ok(AttemptEnd::Failed(crate::runtime::sink::pg_failure(&id, e))),
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        tracing::info!(
-            job = %g.name,
-            "job `{}` had already finished at checkpoint {}; its output is committed",
-            g.name, c.manifest.checkpoint_id
-        );
-        return Ok(AttemptEnd::Done(summaries(g, &metrics)));
-    }
-
-    // Channels.
-    let mut inputs: Vec<Vec<Vec<InputChannel>>> =
-        g.nodes.iter().map(|n| (0..n.parallelism).map(|_| Vec::new()).collect()).collect();
-    let mut outputs: Vec<Vec<Vec<EdgeOutput>>> =
-        g.nodes.iter().map(|n| (0..n.parallelism).map(|_| Vec::new()).collect()).collect();
-    // One in-flight budget for all back-edges of this attempt (`[limits] max_feedback_mb`).
-    let feedback_budget =
-        Arc::new(crate::runtime::feedback_budget::FeedbackBudget::new(g.limits.max_feedback_mb << 20));
-    for (ei, e) in g.edges.iter().enumerate() {
-        let (up, down) = (g.nodes[e.from].parallelism, g.nodes[e.to].parallelism);
-        let in_loop = g.edge_in_loop(ei);
-        for u in 0..up {
-            let targets: Vec<u32> = if e.partition == Partition::Forward { vec![u] } else { (0..down).collect() };
-            let mut txs = Vec::with_capacity(targets.len());
-            let mut backs = Vec::with_capacity(targets.len());
-            for d in targets {
-                // Back-edges are chosen per channel, as a DFS of the physical graph would
-                // (ABS §3.3): every channel of a feedback edge between two operators, but of
-                // a self-loop only the channels from subtask u to subtask d <= u. A self-loop
-                // channel to a higher subtask is a regular input of its target, aligned and
-                // parked like any other; otherwise a subtask could take a barrier on a
-                // back-edge before its own snapshot and fold post-barrier records into it.
-                let back = e.feedback && (e.from != e.to || d <= u);
-                // A back-edge never blocks its sender, so a loop cannot deadlock under
-                // backpressure; its backlog is bounded by the loop's work and reported.
-                let (tx, rx) = if back { unbounded() } else { bounded(g.channel_capacity) };
-                let file = match &g.nodes[e.from].kind {
-                    NodeKind::Source(SourceKind::File { path, .. }) => Some(path.clone()),
-                    _ => None,
-                };
-                let origin = Origin { node: g.nodes[e.from].id.to_string(), subtask: u, file };
-                let budget = back.then(|| feedback_budget.clone());
-                inputs[e.to][d as usize].push(InputChannel::new(rx, e.side).feedback(back).from(origin).budget(budget));
-                backs.push(back);
-                txs.push(tx);
-            }
-            let out = EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, u as usize)
-                .in_loop(in_loop)
-                .back_edges(backs, feedback_budget.clone());
-            outputs[e.from][u as usize].push(out);
-        }
-    }
-    let termination = g.is_cyclic().then(|| {
-        let sources =
-            g.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Source(_))).map(|n| n.parallelism as usize).sum();
-        Arc::new(LoopTermination::new(sources))
-    });
-
-    // Checkpointing plumbing.
-    let (events_tx, events_rx) = unbounded::<Event>();
-    let (writer_tx, writer_rx) = unbounded::<WriteMsg>();
-    let mut controls = Vec::new();
-    let mut task_templates = Vec::new();
-    let node_templates: Vec<NodeTemplate> = g
-        .nodes
+/// The status of every node as an attempt starts (counters at zero).
+fn node_statuses(g: &crate::graph::logical::JobGraph, live: &Live) -> Vec<NodeStatus> {
+    let l = live.lock().unwrap();
+    g.nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| NodeTemplate {
+        .map(|(i, n)| NodeStatus {
             uid: n.id.to_string(),
+            parallelism: n.parallelism,
+            component: l.get(&i).map(|(f, _)| upgrade::describe(f)),
+            records_in: 0,
+            records_out: 0,
+            backpressured_ms: 0,
+            dead_letters: 0,
+            busy_ms: 0,
             kind: match n.kind {
                 NodeKind::Source(_) => "source",
                 NodeKind::Operator(_) => "operator",
                 NodeKind::Sink(_) => "sink",
-            },
-            parallelism: n.parallelism,
-            retired: retired.get(&i).cloned().unwrap_or_default(),
-            component: live.lock().unwrap().get(&i).map(|(f, entry)| {
-                let mut entry = entry.clone();
-                // An upgraded component is stored with this job's checkpoints, so recovery
-                // after a process restart finds it.
-                if !entry.replaces.is_empty()
-                    && let (Some(st), OperatorFactory::Wasm(c), Some(sha)) = (store, f, f.sha256())
-                {
-                    entry.stored = store_component(st.root(), sha, &c.bytes).ok();
-                }
-                entry
-            }),
+            }
+            .into(),
+            inputs: g
+                .edges
+                .iter()
+                .filter(|e| e.to == i)
+                .map(|e| NodeInput { from: g.nodes[e.from].id.to_string(), feedback: e.feedback })
+                .collect(),
+            idle_ms: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            guest_calls: 0,
+            watermark: None,
+            guest_memory_bytes: 0,
+            subtasks: Vec::new(),
         })
-        .collect();
-
-    // Tasks.
-    let mut tasks: Vec<(TaskId, Task)> = Vec::new();
-    for (i, n) in g.nodes.iter().enumerate() {
-        if restore.is_none()
-            && let NodeKind::Sink(SinkKind::File { path, .. }) = &n.kind
-        {
-            clear_parts(path).map_err(|e| setup(format!("sink `{}`: cannot clear {}: {e}", n.id, path.display())))?;
-        }
-        for s in (0..n.parallelism).rev() {
-            let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s) };
-            let ins = Inputs::new(inputs[i].pop().unwrap_or_default());
-            let out = Output::new(outputs[i].pop().unwrap_or_default(), g.batch_size, 256 * 1024)
-                .with_backpressure(metrics[i].subtask(s));
-            let (m, c) = (metrics[i].clone(), cancel.clone());
-            let counters = m.subtask(s);
-            let range = key_group_range(g.max_parallelism, n.parallelism, s);
-            let restored = restored_state(i, s);
-            let participant = if store.is_some() {
-                let (tx, rx) = unbounded::<Control>();
-                controls.push(tx);
-                let index = task_templates.len();
-                task_templates.push(TaskTemplate { node: i, subtask: s, key_groups: (range.start, range.end) });
-                let incremental = g.checkpoint.as_ref().is_some_and(|c| c.incremental);
-                Some(
-                    Participant::new(index, format!("{}-{s}.state", n.id), rx, events_tx.clone(), writer_tx.clone())
-                        .with_incremental(incremental),
-                )
-            } else {
-                None
-            };
-            let task = match &n.kind {
-                NodeKind::Source(kind) => {
-                    let mut reader = match kind {
-                        SourceKind::Generator(cfg) => SourceReader::Generator(Generator::new(*cfg, s, n.parallelism)),
-                        SourceKind::Stdin => SourceReader::File(FileSource::stdin(s, n.parallelism)),
-                        SourceKind::Nexmark(cfg) => SourceReader::Nexmark(NexmarkSource::new(*cfg, s, n.parallelism)),
-                        SourceKind::File { path, key_column, rate, event_time } => SourceReader::File(
-                            FileSource::open(path, s, n.parallelism, *key_column, *rate)
-                                .map_err(|e| setup(format!("source `{}`: cannot open {}: {e}", n.id, path.display())))?
-                                .with_event_time(*event_time),
-                        ),
-                        SourceKind::Kafka(cfg) => {
-                            let offsets = match restored.as_ref().and_then(|st| st.source.as_ref()) {
-                                Some(SourcePosition::Kafka { partitions }) => Some(&partitions[..]),
-                                _ => None,
-                            };
-                            match KafkaReader::open(cfg, s, n.parallelism, offsets) {
-                                Ok(r) => SourceReader::Kafka(Box::new(r)),
-                                // Before the job starts: refused at once. At a restart: a
-                                // failed attempt, retried by the restart strategy.
-                                Err(e) if attempt == 0 => {
-                                    return Err(setup(format!("source `{}` subtask {s}: {e}", n.id)));
-                                }
-                                Err(e) => return Ok(AttemptEnd::Failed(kafka_failure(&id, e))),
-                            }
-                        }
-                    };
-                    if let Some(pos) = restored.as_ref().and_then(|st| st.source.clone())
-                        && !matches!(reader, SourceReader::Kafka(_))
-                    {
-                        reader.seek(pos).map_err(|e| setup(format!("source `{id}`: {e}")))?;
-                    }
-                    Task::Source(SourceTask {
-                        id: id.clone(),
-                        reader,
-                        output: out,
-                        batch_size: g.batch_size,
-                        metrics: m,
-                        counters,
-                        cancel: c,
-                        checkpoints: participant,
-                        termination: termination.clone(),
-                        suspend_after: None,
-                        suspended: false,
-                        faults: opts.faults.clone().map(|plan| Faults { plan, attempt }),
-                        hold_input: opts.hold_input.clone(),
-                    })
-                }
-                NodeKind::Operator(op) => {
-                    let component = live.lock().unwrap()[&i].0.clone();
-                    let info = TaskInfo {
-                        job_name: g.name.clone(),
-                        operator_uid: n.id.to_string(),
-                        subtask_index: s,
-                        parallelism: n.parallelism,
-                        max_parallelism: g.max_parallelism,
-                        key_group_start: range.start,
-                        key_group_end: range.end,
-                    };
-                    let schema_version = restore
-                        .and_then(|c| c.manifest.operator(n.id.as_str()))
-                        .and_then(|o| o.component.as_ref())
-                        .map_or(component.info().schema_version, |c| c.schema_version);
-                    let restore = restored.map(|state| Restore { schema_version, state });
-                    let config = op.config.clone();
-                    let dead_letter = (op.on_error == crate::graph::logical::OnError::DeadLetter)
-                        .then(|| component.info().side_outputs.len() as u32 + 1);
-                    let limits = g.limits;
-                    let quiet = opts.quiet_guests;
-                    let faults = opts.faults.clone().map(|plan| Faults { plan, attempt });
-                    let termination = termination.clone();
-                    let id2 = id.clone();
-                    Task::Operator(Box::new(move || {
-                        let mut host =
-                            HostState::new(info, component.info().side_outputs.len() as u32).with_limits(limits);
-                        host.echo_logs = !quiet;
-                        let instance = component
-                            .instantiate(host)
-                            .map_err(|e| TaskFailure::Guest { task: id2.clone(), source: e })?;
-                        Ok(OperatorTask {
-                            id: id2,
-                            instance,
-                            config,
-                            inputs: ins,
-                            output: out,
-                            metrics: m,
-                            counters,
-                            cancel: c,
-                            checkpoints: participant,
-                            restore,
-                            schema_version: component.info().schema_version,
-                            faults,
-                            termination,
-                            deferred: Default::default(),
-                            draining: None,
-                            ledger: crate::checkpoint::evidence::GroupLedger::new(range.start, range.end),
-                            upgrade: None,
-                            dead_letter,
-                        })
-                    }))
-                }
-                NodeKind::Sink(kind) => {
-                    let writer = match kind {
-                        SinkKind::File { path, format } => {
-                            let st = restored.as_ref().and_then(|st| st.sink.clone());
-                            let adopted = restored.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
-                            SinkWriter::File(
-                                FileSink::open_adopting(path, s, *format, st.as_ref(), &adopted)
-                                    .map_err(|e| {
-                                        setup(format!("sink `{id}`: cannot write to {}: {e}", path.display()))
-                                    })?
-                                    .with_budget(opts.disk_budget.clone()),
-                            )
-                        }
-                        SinkKind::Stdout { format } => SinkWriter::Stdout(*format),
-                        SinkKind::Postgres(target) => {
-                            let st = restored.as_ref().and_then(|st| st.sink.clone());
-                            let adopted = restored.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
-                            let opening = crate::connectors::postgres_sink::Opening {
-                                subtask: s,
-                                parallelism: n.parallelism,
-                                restored: st.as_ref(),
-                                adopted: &adopted,
-                                checkpoint_interval: g
-                                    .checkpoint
-                                    .as_ref()
-                                    .map(|c| Duration::from_millis(c.settings.interval_ms)),
-                            };
-                            match crate::connectors::postgres_sink::PostgresSink::open(target, opening) {
-                                Ok(sink) => SinkWriter::Postgres(Box::new(sink)),
-                                // Before the job starts: refused at once. At a restart: a
-                                // failed attempt, retried by the restart strategy.
-                                Err(e) if attempt == 0 => {
-                                    return Err(setup(format!("sink `{}` subtask {s}: {e}", n.id)));
-                                }
-                                Err(e) => return Ok(AttemptEnd::Failed(crate::runtime::sink::pg_failure(&id, e))),
-                            }
-                        }
-                        SinkKind::Kafka(target) => {
-                            let blob = restored.as_ref().map(|st| &st.operator_state[..]);
-                            let adopted = restored.as_ref().map(|st| st.adopted_blobs.clone()).unwrap_or_default();
-                            let opening = KafkaOpening { subtask: s, restored: blob, adopted: &adopted };
-                            match KafkaSink::open(target, opening) {
-                                Ok(sink) => SinkWriter::Kafka(Box::new(sink)),
-                                Err(e) if attempt == 0 => {
-                                    return Err(setup(format!("sink `{}` subtask {s}: {e}", n.id)));
-                                }
-                                Err(e) => return Ok(AttemptEnd::Failed(kafka_failure(&id, e))),
-                            }
-                        }
-                        SinkKind::Blackhole { latency } => {
-                            SinkWriter::Blackhole(latency.then(|| LatencyRecorder::new(LATENCY_WARMUP_MS)))
-                        }
-                    };
-                    Task::Sink(SinkTask {
-                        id: id.clone(),
-                        writer,
-                        inputs: ins,
-                        metrics: m,
-                        counters,
-                        cancel: c,
-                        checkpoints: participant,
-                        termination: termination.clone(),
-                        aborted_early: Vec::new(),
-                    })
-                }
-            };
-            tasks.push((id, task));
-        }
-    }
-    drop(writer_tx);
-
-    // Coordinator and writer threads.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (coordinator, writer) = match store {
-        Some(store) => {
-            let cfg = g.checkpoint.as_ref().unwrap();
-            let dcfg = DriverConfig {
-                job: g.name.clone(),
-                max_parallelism: g.max_parallelism,
-                settings: cfg.settings,
-                nodes: node_templates,
-                tasks: task_templates,
-                // Ids grow past the restored checkpoint's too (a savepoint restored into another
-                // directory): a Kafka sink's commit markers rely on ids only increasing.
-                first_id: store.max_id().max(restore.map_or(0, |c| c.manifest.checkpoint_id)).saturating_add(1),
-                verbose: opts.progress.is_some(),
-                requests: opts.endpoint.as_ref().map(|e| e.requests.clone()),
-                graph: Arc::new(g.clone()),
-                live: live.clone(),
-                status: opts.endpoint.as_ref().map(|e| e.status.clone()),
-            };
-            let (st, st2, stop2, done) = (store.clone(), store.clone(), stop.clone(), completed.clone());
-            let ev = events_tx.clone();
-            let budget = opts.disk_budget.clone();
-            let w = std::thread::Builder::new()
-                .name("checkpoint-writer".into())
-                .spawn(move || writer::run(st2, writer_rx, ev, budget))
-                .map_err(|e| setup(format!("cannot start a thread: {e}")))?;
-            let c = std::thread::Builder::new()
-                .name("checkpoint-coordinator".into())
-                .spawn(move || driver::run(dcfg, st, controls, events_rx, stop2, done))
-                .map_err(|e| setup(format!("cannot start a thread: {e}")))?;
-            (Some(c), Some(w))
-        }
-        None => (None, None),
-    };
-    drop(events_tx);
-
-    // Run.
-    let failures: Arc<Mutex<Vec<TaskFailure>>> = Arc::default();
-    let done = Arc::new(AtomicBool::new(false));
-    let tasks_done = Arc::new(AtomicBool::new(false));
-    let watcher = opts.endpoint.clone().map(|e| {
-        *e.metrics.lock().unwrap() = metrics.clone();
-        let (cancel, stop, tasks_done) = (cancel.clone(), stop.clone(), tasks_done.clone());
-        let serves_requests = store.is_some();
-        let job_name = g.name.clone();
-        std::thread::spawn(move || watch(e, cancel, stop, tasks_done, serves_requests, job_name))
-    });
-    let progress = opts.progress.map(|every| {
-        let (metrics, done) = (metrics.clone(), done.clone());
-        let ids: Vec<NodeId> = g.nodes.iter().map(|n| n.id.clone()).collect();
-        std::thread::spawn(move || report_progress(&ids, &metrics, &done, every))
-    });
-    let mut handles = Vec::new();
-    for (id, task) in tasks {
-        let (failures, cancel, stop) = (failures.clone(), cancel.clone(), stop.clone());
-        let cpu_group = opts.cpu_group.clone();
-        let h = std::thread::Builder::new()
-            .name(id.to_string())
-            .spawn(move || {
-                if let Some(g) = cpu_group
-                    && let Err(e) = g.join_current_thread()
-                {
-                    tracing::warn!(subtask = %id, "subtask {id} runs outside its tenant's CPU share: {e}");
-                }
-                if nice > 0 {
-                    priority::demote_current_thread(nice);
-                }
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match task {
-                    Task::Source(t) => t.run(),
-                    Task::Operator(make) => make().and_then(|t| t.run()),
-                    Task::Sink(t) => t.run(),
-                }));
-                let r = r.unwrap_or_else(|p| {
-                    let message = p
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    Err(TaskFailure::Panicked { task: id.clone(), message })
-                });
-                if let Err(f) = r {
-                    cancel.store(true, Ordering::Relaxed);
-                    stop.store(true, Ordering::Relaxed);
-                    failures.lock().unwrap().push(f);
-                }
-            })
-            .map_err(|e| setup(format!("cannot start a thread: {e}")))?;
-        handles.push(h);
-    }
-    for h in handles {
-        let _ = h.join();
-    }
-    tasks_done.store(true, Ordering::Relaxed);
-    if let Some(w) = watcher {
-        let _ = w.join();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let coordinator_end = coordinator.map(|c| c.join());
-    if let Some(w) = writer {
-        let _ = w.join();
-    }
-    done.store(true, Ordering::Relaxed);
-    if let Some(p) = progress {
-        let _ = p.join();
-    }
-    let mut failures = std::mem::take(&mut *failures.lock().unwrap());
-    let coordinator_end = match coordinator_end {
-        Some(Ok(DriverEnd::StoppedWithSavepoint { info, reply })) => Some((info, reply)),
-        other => {
-            if let Some(Ok(DriverEnd::Stopped)) = other
-                && failures.is_empty()
-            {
-                return Err(setup("the checkpoint coordinator stopped before the job's final checkpoint".into()));
-            }
-            None
-        }
-    };
-    if let Some((info, reply)) = coordinator_end {
-        // The savepoint is complete and its output committed before `Stop` went out; what
-        // subtasks ran into while exiting (a neighbour gone first) does not undo that.
-        for f in failures.iter().filter(|f| !f.is_secondary()) {
-            tracing::warn!(job = %g.name, "while stopping: {f}");
-        }
-        tracing::info!(job = %g.name, "job `{}` stopped with savepoint {}", g.name, info.path.display());
-        let _ = reply.send(Ok(info.clone()));
-        return Ok(AttemptEnd::Stopped(summaries(g, &metrics), info));
-    }
-    if !failures.is_empty() {
-        let root = failures.iter().position(|f| !f.is_secondary()).unwrap_or(0);
-        return Ok(AttemptEnd::Failed(failures.swap_remove(root)));
-    }
-    Ok(AttemptEnd::Done(summaries(g, &metrics)))
+        .collect()
 }
 
-/// Per attempt: turns a user's cancel into the attempt's cancel, and answers requests that
-/// need checkpointing when the job has none.
-fn watch(
-    e: Endpoint,
-    cancel: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    tasks_done: Arc<AtomicBool>,
-    serves_requests: bool,
-    job: String,
-) {
-    while !tasks_done.load(Ordering::Relaxed) {
-        if e.cancel.load(Ordering::Relaxed) {
-            cancel.store(true, Ordering::Relaxed);
-            stop.store(true, Ordering::Relaxed);
-        }
-        if !serves_requests {
-            while let Ok(r) = e.requests.try_recv() {
-                let why = format!(
-                    "job `{job}` has no [checkpoint] section; savepoints, live upgrades and state queries go \
-                     through the checkpoint coordinator, so add [checkpoint] dir (and interval_ms) to the job file"
-                );
-                match r {
-                    Request::Savepoint { reply, .. } => drop(reply.send(Err(why))),
-                    Request::Upgrade { reply, .. } => drop(reply.send(Err(why))),
-                    Request::Query { reply, .. } => drop(reply.send(Err(why))),
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) -> Vec<NodeSummary> {
+pub(crate) fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) -> Vec<NodeSummary> {
     g.nodes
         .iter()
         .zip(metrics)
@@ -1023,7 +474,7 @@ fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<NodeMetrics>]) 
         .collect()
 }
 
-fn report_progress(ids: &[NodeId], metrics: &[Arc<NodeMetrics>], done: &AtomicBool, every: Duration) {
+pub(crate) fn report_progress(ids: &[NodeId], metrics: &[Arc<NodeMetrics>], done: &AtomicBool, every: Duration) {
     let start = Instant::now();
     let mut last: Vec<(u64, u64)> = metrics.iter().map(|m| m.read()).collect();
     let mut last_t = Instant::now();

@@ -1,0 +1,479 @@
+//! One attempt of a job deployed in this process: every channel of the physical plan becomes a
+//! crossbeam channel (bounded; a back-edge unbounded, so a loop never deadlocks under
+//! backpressure), every subtask a thread, and checkpointing a coordinator thread and a writer
+//! thread. The attempt ends done, stopped with a savepoint, or failed with its root cause.
+//!
+//! Invariants: a failing subtask drops its channels, so its neighbours see a disconnect and
+//! stop too, and the cancel flag stops the rest; the attempt's failure is the first root cause
+//! (not the disconnects it caused); it returns only after every thread it started has exited.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+
+use crate::checkpoint::recovery::{self, RestorePlan};
+use crate::checkpoint::storage::{CheckpointStore, LoadedCheckpoint, store_component};
+use crate::connectors::file_sink::clear_parts;
+use crate::declared::Redistribution;
+use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
+use crate::graph::physical::PhysicalPlan;
+use crate::ids::{NodeId, SubtaskIndex, TaskId};
+use crate::job::bind::BoundJob;
+use crate::operator::OperatorFactory;
+use crate::runtime::control::{Control, Event, WriteMsg};
+use crate::runtime::driver::{self, Completed, DriverConfig, DriverEnd, NodeTemplate, TaskTemplate};
+use crate::runtime::error::{RunError, TaskFailure};
+use crate::runtime::executor::{AttemptEnd, Live, RunOptions, report_progress, summaries};
+use crate::runtime::failed_record::Origin;
+use crate::runtime::feedback_budget::FeedbackBudget;
+use crate::runtime::handle::{Endpoint, Request};
+use crate::runtime::input::{InputChannel, Inputs};
+use crate::runtime::message::Message;
+use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::output::{EdgeOutput, Output};
+use crate::runtime::participant::Participant;
+use crate::runtime::priority;
+use crate::runtime::subtask::{self, Context, Parts, StartError, Task};
+use crate::runtime::termination::LoopTermination;
+use crate::runtime::writer;
+
+/// What one attempt runs with.
+pub(crate) struct Attempt<'a> {
+    /// The job.
+    pub job: &'a BoundJob,
+    /// How it runs.
+    pub opts: &'a RunOptions,
+    /// 0 for the first attempt.
+    pub attempt: u32,
+    /// The checkpoint it restores.
+    pub restore: Option<&'a LoadedCheckpoint>,
+    /// Checkpoint storage (`None`: checkpointing off).
+    pub store: Option<&'a CheckpointStore>,
+    /// Checkpoints completed over all attempts.
+    pub completed: &'a Arc<Completed>,
+    /// The running component of every operator node.
+    pub live: &'a Live,
+    /// States to drop per node (allowed by the user).
+    pub dropped: &'a BTreeMap<usize, Vec<String>>,
+    /// Nice value of the subtask threads (a CPU-limit breach demotes the job).
+    pub nice: i32,
+}
+
+/// Runs one attempt (see the module docs).
+pub(crate) fn run_attempt(a: &Attempt<'_>) -> Result<AttemptEnd, RunError> {
+    let g = &a.job.graph;
+    let metrics: Vec<Arc<NodeMetrics>> = g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
+    let restored = restore_plan(a)?;
+    let restored_state = |node: usize, subtask: u32| restored.as_ref().and_then(|p| p[node][subtask as usize].clone());
+    let cx = Context { graph: g, opts: a.opts, attempt: a.attempt, restore: a.restore };
+    if let Some(c) = a.restore
+        && c.manifest.finished
+    {
+        if let Err(e) = subtask::finish_commits(&cx, &restored_state) {
+            return started_or_failed(e);
+        }
+        tracing::info!(
+            job = %g.name,
+            "job `{}` had already finished at checkpoint {}; its output is committed",
+            g.name, c.manifest.checkpoint_id
+        );
+        return Ok(AttemptEnd::Done(summaries(g, &metrics)));
+    }
+    let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
+    if a.restore.is_none() {
+        for n in &g.nodes {
+            if let NodeKind::Sink(SinkKind::File { path, .. }) = &n.kind {
+                clear_parts(path)
+                    .map_err(|e| setup(format!("sink `{}`: cannot clear {}: {e}", n.id, path.display())))?;
+            }
+        }
+    }
+
+    let plan = PhysicalPlan::of(g);
+    let (mut inputs, mut outputs) = wire(g, &plan);
+    let termination = g.is_cyclic().then(|| {
+        let sources =
+            g.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Source(_))).map(|n| n.parallelism as usize).sum();
+        Arc::new(LoopTermination::new(sources))
+    });
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (events_tx, events_rx) = unbounded::<Event>();
+    let (writer_tx, writer_rx) = unbounded::<WriteMsg>();
+    let mut controls = Vec::new();
+    let mut task_templates = Vec::new();
+    let mut tasks: Vec<(TaskId, Task)> = Vec::new();
+    for (si, s) in plan.subtasks.iter().enumerate() {
+        let n = &g.nodes[s.node];
+        let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s.subtask) };
+        let checkpoints = a.store.is_some().then(|| {
+            let (tx, rx) = unbounded::<Control>();
+            controls.push(tx);
+            let index = task_templates.len();
+            task_templates.push(TaskTemplate {
+                node: s.node,
+                subtask: s.subtask,
+                key_groups: (s.key_groups.start, s.key_groups.end),
+            });
+            let incremental = g.checkpoint.as_ref().is_some_and(|c| c.incremental);
+            Participant::new(index, format!("{}-{}.state", n.id, s.subtask), rx, events_tx.clone(), writer_tx.clone())
+                .with_incremental(incremental)
+        });
+        let parts = Parts {
+            id: id.clone(),
+            inputs: Inputs::new(std::mem::take(&mut inputs[si])),
+            output: Output::new(std::mem::take(&mut outputs[si]), g.batch_size, 256 * 1024)
+                .with_backpressure(metrics[s.node].subtask(s.subtask)),
+            metrics: metrics[s.node].clone(),
+            counters: metrics[s.node].subtask(s.subtask),
+            cancel: cancel.clone(),
+            checkpoints,
+            termination: termination.clone(),
+            restored: restored_state(s.node, s.subtask),
+        };
+        let component = a.live.lock().unwrap().get(&s.node).map(|(f, _)| f.clone());
+        match subtask::build(&cx, s, parts, component) {
+            Ok(t) => tasks.push((id, t)),
+            Err(e) => return started_or_failed(e),
+        }
+    }
+    drop(writer_tx);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let checkpointing = match a.store {
+        Some(store) => {
+            let dcfg = driver_config(a, store, task_templates);
+            Some(start_checkpointing(a, store, dcfg, controls, &events_tx, events_rx, writer_rx, &stop)?)
+        }
+        None => None,
+    };
+    drop(events_tx);
+    let threads = Threads { cancel, stop, nice: a.nice, cpu_group: a.opts.cpu_group.clone() };
+    let failures = threads.run(a, tasks, &metrics)?;
+    let coordinator_end = match checkpointing {
+        Some((c, w)) => {
+            let end = c.join();
+            let _ = w.join();
+            Some(end)
+        }
+        None => None,
+    };
+    attempt_end(g, failures, coordinator_end, &metrics)
+}
+
+/// A subtask that could not be made runnable: the job refused, or the attempt failed.
+fn started_or_failed(e: StartError) -> Result<AttemptEnd, RunError> {
+    match e {
+        StartError::Setup(e) => Err(e),
+        StartError::Attempt(f) => Ok(AttemptEnd::Failed(f)),
+    }
+}
+
+/// What each subtask restores, by the restoring components' declarations.
+fn restore_plan(a: &Attempt<'_>) -> Result<Option<RestorePlan>, RunError> {
+    let Some(c) = a.restore else { return Ok(None) };
+    let g = &a.job.graph;
+    let components = a.live.lock().unwrap().clone();
+    let redistribution = |node: usize, state: &str| {
+        components
+            .get(&node)
+            .and_then(|(f, _)| f.info().states.iter().find(|s| s.name == state).map(|s| s.redistribution))
+            .unwrap_or(Redistribution::None)
+    };
+    recovery::plan(c, g, &redistribution, a.dropped, a.opts.allow_non_restored_state).map(Some).map_err(|e| {
+        RunError::Setup { job: g.name.clone(), message: format!("cannot restore {}: {e}", c.path.display()) }
+    })
+}
+
+/// The plan's channels, handed out per subtask (same order as `plan.subtasks`): its input
+/// channels in input order, and its outputs per edge.
+fn wire(g: &JobGraph, plan: &PhysicalPlan) -> (Vec<Vec<InputChannel>>, Vec<Vec<EdgeOutput>>) {
+    // One in-flight budget for all back-edges of this attempt (`[limits] max_feedback_mb`).
+    let budget = Arc::new(FeedbackBudget::new(g.limits.max_feedback_mb << 20));
+    let mut senders: Vec<Option<Sender<Message>>> = Vec::with_capacity(plan.channels.len());
+    let mut receivers: Vec<Option<Receiver<Message>>> = Vec::with_capacity(plan.channels.len());
+    for c in &plan.channels {
+        // A back-edge never blocks its sender; its backlog is bounded by the loop's work
+        // (and `max_feedback_mb`) and reported.
+        let (tx, rx) = if c.back { unbounded() } else { bounded(g.channel_capacity) };
+        senders.push(Some(tx));
+        receivers.push(Some(rx));
+    }
+    let mut inputs = Vec::with_capacity(plan.subtasks.len());
+    let mut outputs = Vec::with_capacity(plan.subtasks.len());
+    for s in &plan.subtasks {
+        let ins = plan
+            .inputs_of(g, s.node, s.subtask)
+            .map(|ci| {
+                let c = plan.channels[ci];
+                let e = &g.edges[c.edge];
+                let file = match &g.nodes[e.from].kind {
+                    NodeKind::Source(SourceKind::File { path, .. }) => Some(path.clone()),
+                    _ => None,
+                };
+                let origin = Origin { node: g.nodes[e.from].id.to_string(), subtask: c.from, file };
+                let rx = receivers[ci].take().expect("each channel has one receiver");
+                InputChannel::new(rx, e.side).feedback(c.back).from(origin).budget(c.back.then(|| budget.clone()))
+            })
+            .collect();
+        inputs.push(ins);
+        let outs = plan
+            .outputs_of(g, s.node, s.subtask)
+            .into_iter()
+            .map(|(ei, channels)| {
+                let e = &g.edges[ei];
+                let backs = channels.iter().map(|&ci| plan.channels[ci].back).collect();
+                let txs = channels.iter().map(|&ci| senders[ci].take().expect("each channel has one sender")).collect();
+                EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, s.subtask as usize)
+                    .in_loop(g.edge_in_loop(ei))
+                    .back_edges(backs, budget.clone())
+            })
+            .collect();
+        outputs.push(outs);
+    }
+    (inputs, outputs)
+}
+
+/// The coordinator's view of the attempt: nodes as manifests record them, subtasks by global
+/// task index.
+fn driver_config(a: &Attempt<'_>, store: &CheckpointStore, tasks: Vec<TaskTemplate>) -> DriverConfig {
+    let g = &a.job.graph;
+    let retired = a.restore.map(|c| recovery::retired_sinks(c, g)).unwrap_or_default();
+    let live = a.live.lock().unwrap();
+    let nodes = g
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| NodeTemplate {
+            uid: n.id.to_string(),
+            kind: match n.kind {
+                NodeKind::Source(_) => "source",
+                NodeKind::Operator(_) => "operator",
+                NodeKind::Sink(_) => "sink",
+            },
+            parallelism: n.parallelism,
+            retired: retired.get(&i).cloned().unwrap_or_default(),
+            component: live.get(&i).map(|(f, entry)| {
+                let mut entry = entry.clone();
+                // An upgraded component is stored with this job's checkpoints, so recovery
+                // after a process restart finds it.
+                if !entry.replaces.is_empty()
+                    && let (OperatorFactory::Wasm(c), Some(sha)) = (f, f.sha256())
+                {
+                    entry.stored = store_component(store.root(), sha, &c.bytes).ok();
+                }
+                entry
+            }),
+        })
+        .collect();
+    DriverConfig {
+        job: g.name.clone(),
+        max_parallelism: g.max_parallelism,
+        settings: g.checkpoint.as_ref().expect("a store means checkpointing").settings,
+        nodes,
+        tasks,
+        // Ids grow past the restored checkpoint's too (a savepoint restored into another
+        // directory): a Kafka sink's commit markers rely on ids only increasing.
+        first_id: store.max_id().max(a.restore.map_or(0, |c| c.manifest.checkpoint_id)).saturating_add(1),
+        verbose: a.opts.progress.is_some(),
+        requests: a.opts.endpoint.as_ref().map(|e| e.requests.clone()),
+        graph: Arc::new(g.clone()),
+        live: a.live.clone(),
+        status: a.opts.endpoint.as_ref().map(|e| e.status.clone()),
+    }
+}
+
+type CoordinatorThread = JoinHandle<DriverEnd>;
+
+/// Starts the coordinator and writer threads.
+#[allow(clippy::too_many_arguments)]
+fn start_checkpointing(
+    a: &Attempt<'_>,
+    store: &CheckpointStore,
+    dcfg: DriverConfig,
+    controls: Vec<Sender<Control>>,
+    events_tx: &Sender<Event>,
+    events_rx: Receiver<Event>,
+    writer_rx: Receiver<WriteMsg>,
+    stop: &Arc<AtomicBool>,
+) -> Result<(CoordinatorThread, JoinHandle<()>), RunError> {
+    let setup = |e: std::io::Error| RunError::Setup {
+        job: a.job.graph.name.clone(),
+        message: format!("cannot start a thread: {e}"),
+    };
+    let (st, st2, stop2, done) = (store.clone(), store.clone(), stop.clone(), a.completed.clone());
+    let (ev, budget) = (events_tx.clone(), a.opts.disk_budget.clone());
+    let w = std::thread::Builder::new()
+        .name("checkpoint-writer".into())
+        .spawn(move || writer::run(st2, writer_rx, ev, budget))
+        .map_err(setup)?;
+    let c = std::thread::Builder::new()
+        .name("checkpoint-coordinator".into())
+        .spawn(move || driver::run(dcfg, st, controls, events_rx, stop2, done))
+        .map_err(setup)?;
+    Ok((c, w))
+}
+
+/// The subtask threads of an attempt and the flags they share.
+struct Threads {
+    cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    nice: i32,
+    cpu_group: Option<Arc<crate::runtime::cpu_shares::CpuGroup>>,
+}
+
+impl Threads {
+    /// Runs every task on its own thread until all have exited (with the endpoint's
+    /// watcher and the progress reporter beside them); returns their failures.
+    fn run(
+        &self,
+        a: &Attempt<'_>,
+        tasks: Vec<(TaskId, Task)>,
+        metrics: &[Arc<NodeMetrics>],
+    ) -> Result<Vec<TaskFailure>, RunError> {
+        let g = &a.job.graph;
+        let failures: Arc<Mutex<Vec<TaskFailure>>> = Arc::default();
+        let done = Arc::new(AtomicBool::new(false));
+        let tasks_done = Arc::new(AtomicBool::new(false));
+        let watcher = a.opts.endpoint.clone().map(|e| {
+            *e.metrics.lock().unwrap() = metrics.to_vec();
+            let (cancel, stop, tasks_done) = (self.cancel.clone(), self.stop.clone(), tasks_done.clone());
+            let serves_requests = a.store.is_some();
+            let job_name = g.name.clone();
+            std::thread::spawn(move || watch(e, cancel, stop, tasks_done, serves_requests, job_name))
+        });
+        let progress = a.opts.progress.map(|every| {
+            let (metrics, done) = (metrics.to_vec(), done.clone());
+            let ids: Vec<NodeId> = g.nodes.iter().map(|n| n.id.clone()).collect();
+            std::thread::spawn(move || report_progress(&ids, &metrics, &done, every))
+        });
+        let mut handles = Vec::new();
+        let mut spawn_error = None;
+        for (id, task) in tasks {
+            match self.spawn(id, task, failures.clone()) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // Stop what already runs; the attempt cannot start.
+                    self.cancel.store(true, Ordering::Relaxed);
+                    self.stop.store(true, Ordering::Relaxed);
+                    spawn_error = Some(e);
+                    break;
+                }
+            }
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+        tasks_done.store(true, Ordering::Relaxed);
+        if let Some(w) = watcher {
+            let _ = w.join();
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        done.store(true, Ordering::Relaxed);
+        if let Some(p) = progress {
+            let _ = p.join();
+        }
+        if let Some(e) = spawn_error {
+            return Err(RunError::Setup { job: g.name.clone(), message: format!("cannot start a thread: {e}") });
+        }
+        Ok(std::mem::take(&mut *failures.lock().unwrap()))
+    }
+
+    /// One subtask's thread: joins the tenant's CPU group, runs the task, turns a panic into
+    /// a failure, and on failure cancels the attempt.
+    fn spawn(&self, id: TaskId, task: Task, failures: Arc<Mutex<Vec<TaskFailure>>>) -> std::io::Result<JoinHandle<()>> {
+        let (cancel, stop, cpu_group, nice) =
+            (self.cancel.clone(), self.stop.clone(), self.cpu_group.clone(), self.nice);
+        std::thread::Builder::new().name(id.to_string()).spawn(move || {
+            if let Some(g) = cpu_group
+                && let Err(e) = g.join_current_thread()
+            {
+                tracing::warn!(subtask = %id, "subtask {id} runs outside its tenant's CPU share: {e}");
+            }
+            if nice > 0 {
+                priority::demote_current_thread(nice);
+            }
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.run())).unwrap_or_else(|p| {
+                let message = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                Err(TaskFailure::Panicked { task: id.clone(), message })
+            });
+            if let Err(f) = r {
+                cancel.store(true, Ordering::Relaxed);
+                stop.store(true, Ordering::Relaxed);
+                failures.lock().unwrap().push(f);
+            }
+        })
+    }
+}
+
+/// How the attempt ended, from its subtasks' failures and the coordinator's end.
+fn attempt_end(
+    g: &JobGraph,
+    mut failures: Vec<TaskFailure>,
+    coordinator_end: Option<std::thread::Result<DriverEnd>>,
+    metrics: &[Arc<NodeMetrics>],
+) -> Result<AttemptEnd, RunError> {
+    match coordinator_end {
+        Some(Ok(DriverEnd::StoppedWithSavepoint { info, reply })) => {
+            // The savepoint is complete and its output committed before `Stop` went out; what
+            // subtasks ran into while exiting (a neighbour gone first) does not undo that.
+            for f in failures.iter().filter(|f| !f.is_secondary()) {
+                tracing::warn!(job = %g.name, "while stopping: {f}");
+            }
+            tracing::info!(job = %g.name, "job `{}` stopped with savepoint {}", g.name, info.path.display());
+            let _ = reply.send(Ok(info.clone()));
+            return Ok(AttemptEnd::Stopped(summaries(g, metrics), info));
+        }
+        Some(Ok(DriverEnd::Stopped)) if failures.is_empty() => {
+            return Err(RunError::Setup {
+                job: g.name.clone(),
+                message: "the checkpoint coordinator stopped before the job's final checkpoint".into(),
+            });
+        }
+        _ => {}
+    }
+    if !failures.is_empty() {
+        let root = failures.iter().position(|f| !f.is_secondary()).unwrap_or(0);
+        return Ok(AttemptEnd::Failed(failures.swap_remove(root)));
+    }
+    Ok(AttemptEnd::Done(summaries(g, metrics)))
+}
+
+/// Per attempt: turns a user's cancel into the attempt's cancel, and answers requests that
+/// need checkpointing when the job has none.
+fn watch(
+    e: Endpoint,
+    cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    tasks_done: Arc<AtomicBool>,
+    serves_requests: bool,
+    job: String,
+) {
+    while !tasks_done.load(Ordering::Relaxed) {
+        if e.cancel.load(Ordering::Relaxed) {
+            cancel.store(true, Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
+        }
+        if !serves_requests {
+            while let Ok(r) = e.requests.try_recv() {
+                let why = format!(
+                    "job `{job}` has no [checkpoint] section; savepoints, live upgrades and state queries go \
+                     through the checkpoint coordinator, so add [checkpoint] dir (and interval_ms) to the job file"
+                );
+                match r {
+                    Request::Savepoint { reply, .. } => drop(reply.send(Err(why))),
+                    Request::Upgrade { reply, .. } => drop(reply.send(Err(why))),
+                    Request::Query { reply, .. } => drop(reply.send(Err(why))),
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
