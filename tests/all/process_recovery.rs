@@ -38,7 +38,7 @@ const WORDS: &[&str] = &[
 ];
 
 /// Writes `lines` lines of pseudo-random words; returns the expected wordcount output.
-fn write_input(path: &Path, lines: usize, seed: u64) -> Vec<String> {
+pub(crate) fn write_input(path: &Path, lines: usize, seed: u64) -> Vec<String> {
     let mut s = seed;
     let mut text = String::new();
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
@@ -70,7 +70,7 @@ fn job(dir: &Path) -> std::path::PathBuf {
 }
 
 /// The wordcount job named `name`, its sink of kind `sink` (a TOML fragment).
-fn job_into(dir: &Path, name: &str, sink: &str) -> std::path::PathBuf {
+pub(crate) fn job_into(dir: &Path, name: &str, sink: &str) -> std::path::PathBuf {
     let toml = format!(
         r#"[job]
 name = "{name}"

@@ -308,6 +308,11 @@ mod server {
         let abs = oracle_job("abs", &hostile, 1, "").replace("path = \"abs-out\"", "path = \"/tmp/weir-escape\"");
         let (s, v) = call(&addr, "POST", "/v1/jobs", EVIL, abs.as_bytes());
         assert!(s == 400 && v["error"].as_str().unwrap().contains("outside your directory"), "{v}");
+        // Object storage would be reached with the server's credentials: not for tenants.
+        let s3 = oracle_job("s3", &hostile, 1, "")
+            .replace("interval_ms = 50", "interval_ms = 50\ndir = \"s3://any-bucket/x\"");
+        let (s, v) = call(&addr, "POST", "/v1/jobs", EVIL, s3.as_bytes());
+        assert!(s == 400 && v["error"].as_str().unwrap().contains("object storage is not available"), "{v}");
         // Probing for another tenant's files answers the same whether they exist or not.
         let probe = |p: &str| {
             let job = oracle_job("probe", &hostile, 1, "").replace(

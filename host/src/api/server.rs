@@ -600,6 +600,12 @@ fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
         }
     };
     if let Some(c) = &graph.checkpoint {
+        if let Some(url) = &c.remote {
+            // Object storage would be reached with the server's own credentials.
+            return Err(format!(
+                "checkpoint dir {url}: object storage is not available to a server's tenants; use a relative directory"
+            ));
+        }
         inside(&c.dir, "checkpoint dir")?;
     }
     for n in &mut graph.nodes {

@@ -1,6 +1,7 @@
 //! Checkpoint storage on the local filesystem (the embedded default):
 //! `<dir>/<job>/chk-<id>/` holds one state file per subtask and the `_metadata` manifest;
-//! `<dir>/<job>/history.json` keeps the metrics of completed checkpoints.
+//! `<dir>/<job>/history.json` keeps the metrics of completed checkpoints. With an object
+//! store (`checkpoint/mirror.rs`) the local directory is its write-through copy.
 //!
 //! Invariants: every file is written to a temporary name, fsynced, then renamed (and the
 //! directory fsynced), so a reader never sees a partial file; the manifest is written last,
@@ -17,6 +18,7 @@ use thiserror::Error;
 
 use crate::checkpoint::incremental::fold_keyed;
 use crate::checkpoint::metadata::{CheckpointMetrics, Manifest, ManifestError};
+use crate::checkpoint::remote::{Remote, RemoteError};
 use crate::checkpoint::snapshot::{HeaderError, StateFileError, SubtaskState};
 use crate::ids::CheckpointId;
 
@@ -48,6 +50,9 @@ pub enum CheckpointError {
         /// Why.
         source: ManifestError,
     },
+    /// The object store holding the checkpoints could not be read.
+    #[error("{0}; the checkpoints there are untouched: retry once it is reachable")]
+    Remote(Box<crate::checkpoint::remote::RemoteError>),
     /// Bad state file.
     #[error("checkpoint {}: state file {file} of `{uid}` subtask {subtask} is corrupt: {source}", path.display())]
     State {
@@ -130,21 +135,34 @@ pub struct Listed {
     pub status: Result<Manifest, CheckpointError>,
 }
 
-/// The checkpoints of one job: `<dir>/<job>/`.
+/// The checkpoints of one job: `<dir>/<job>/`, mirrored to object storage when `remote` is
+/// set (`checkpoint/mirror.rs`).
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
     root: PathBuf,
+    pub(crate) remote: Option<Remote>,
 }
 
 impl CheckpointStore {
     /// The store of job `job` under `dir`.
     pub fn new(dir: &Path, job: &str) -> Self {
-        CheckpointStore { root: dir.join(job) }
+        CheckpointStore { root: dir.join(job), remote: None }
+    }
+
+    /// The store of the job in `graph` (none without `[checkpoint]`), mirrored to its object
+    /// store when the job names one.
+    pub fn of(graph: &crate::graph::logical::JobGraph) -> Result<Option<Self>, CheckpointError> {
+        let Some(c) = &graph.checkpoint else { return Ok(None) };
+        let remote = match &c.remote {
+            Some(url) => Some(Remote::open(url).map_err(|e| CheckpointError::Remote(Box::new(e)))?.child(&graph.name)),
+            None => None,
+        };
+        Ok(Some(CheckpointStore { root: c.dir.join(&graph.name), remote }))
     }
 
     /// A store rooted directly at `root` (`<dir>/<job>`).
     pub fn at(root: &Path) -> Self {
-        CheckpointStore { root: root.to_path_buf() }
+        CheckpointStore { root: root.to_path_buf(), remote: None }
     }
 
     /// `<dir>/<job>`.
@@ -173,10 +191,15 @@ impl CheckpointStore {
     }
 
     /// Publishes the manifest: from now on checkpoint `manifest.checkpoint_id` is complete.
+    /// Mirrored: created in the object store first (conditionally, never overwriting), so a
+    /// local manifest always has its remote one.
     pub fn publish(&self, manifest: &Manifest) -> std::io::Result<u64> {
         let dir = self.chk_dir(CheckpointId(manifest.checkpoint_id));
         fs::create_dir_all(&dir)?;
         let bytes = manifest.encode();
+        if let Some(r) = &self.remote {
+            r.create(&format!("chk-{}/{MANIFEST}", manifest.checkpoint_id), &bytes).map_err(RemoteError::into_io)?;
+        }
         write_atomic(&dir.join(MANIFEST), &bytes)?;
         Ok(bytes.len() as u64)
     }
@@ -230,24 +253,47 @@ impl CheckpointStore {
         out
     }
 
-    /// Highest checkpoint id present on disk (complete or not), 0 if none.
+    /// Highest checkpoint id present on disk or in the object store (complete or not), 0 if
+    /// none. An unreachable object store counts as empty here: ids it holds cannot be reused
+    /// anyway, since manifests are created there only if absent.
     pub fn max_id(&self) -> u64 {
-        self.list().last().map_or(0, |l| l.id)
+        let local = self.list().last().map_or(0, |l| l.id);
+        let remote = self.remote_ids().ok().and_then(|ids| ids.last().copied()).unwrap_or(0);
+        local.max(remote)
     }
 
-    /// The newest checkpoint that verifies completely; each newer unusable one is reported
-    /// to `skipped` (to be logged as a warning naming it).
+    /// The newest checkpoint that verifies completely; each newer unusable one (and an
+    /// unreachable object store) is reported to `skipped` (to be logged as a warning naming
+    /// it).
     pub fn latest(&self, mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
+        self.find_latest(&mut skipped).unwrap_or_else(|e| {
+            skipped(&e);
+            None
+        })
+    }
+
+    /// Like [`CheckpointStore::latest`], but an object store that cannot be read is an error,
+    /// never "no checkpoint". Mirrored stores look in the object store (a new process's local
+    /// directory may be empty or stale) and download what the checkpoint needs.
+    pub fn find_latest(
+        &self,
+        mut skipped: impl FnMut(&CheckpointError),
+    ) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
+        if self.remote.is_some() {
+            return self.fetch_latest(skipped);
+        }
         for l in self.list().into_iter().rev() {
             match load(&l.path) {
-                Ok(c) => return Some(c),
+                Ok(c) => return Ok(Some(c)),
                 Err(e) => skipped(&e),
             }
         }
-        None
+        Ok(None)
     }
 
-    /// Like [`CheckpointStore::latest`], among checkpoints with id `>= first` only.
+    /// Like [`CheckpointStore::latest`], among checkpoints with id `>= first` only: this
+    /// run's own, which the local directory holds (also when mirrored: a manifest is
+    /// written locally only after the object store took it).
     pub fn latest_since(&self, first: u64, mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
         for l in self.list().into_iter().rev().filter(|l| l.id >= first) {
             match load(&l.path) {
@@ -259,26 +305,16 @@ impl CheckpointStore {
     }
 
     /// Deletes completed checkpoints beyond the newest `retained`, and incomplete ones older
-    /// than the newest complete one, except directories the chains of the kept ones need.
+    /// than the newest complete one, except directories the chains of the kept ones need;
+    /// in the object store first when mirrored.
     pub fn retain(&self, retained: usize) -> std::io::Result<()> {
+        if self.remote.is_some() {
+            self.retain_remote(retained)?;
+        }
         let listed = self.list();
-        let complete: Vec<u64> = listed.iter().filter(|l| l.status.is_ok()).map(|l| l.id).collect();
-        let Some(&newest) = complete.last() else { return Ok(()) };
-        let keep_from = complete.len().saturating_sub(retained.max(1));
-        let mut keep: Vec<u64> = complete[keep_from..].to_vec();
-        let needed: Vec<u64> = listed
-            .iter()
-            .filter(|l| keep.contains(&l.id))
-            .filter_map(|l| l.status.as_ref().ok())
-            .flat_map(|m| m.operators.iter().flat_map(|o| o.subtasks.iter().flat_map(|s| s.chain.iter())))
-            .map(|c| c.checkpoint)
-            .collect();
-        keep.extend(needed);
-        for l in listed {
-            let drop = !keep.contains(&l.id) && (l.status.is_ok() || l.id < newest);
-            if drop {
-                fs::remove_dir_all(&l.path)?;
-            }
+        let drop = to_drop(listed.iter().map(|l| (l.id, l.status.as_ref().ok())), retained);
+        for l in listed.iter().filter(|l| drop.contains(&l.id)) {
+            fs::remove_dir_all(&l.path)?;
         }
         Ok(())
     }
@@ -292,6 +328,27 @@ impl CheckpointStore {
         let keep = all.len().saturating_sub(1000);
         write_atomic(&path, &serde_json::to_vec_pretty(&all[keep..]).unwrap())
     }
+}
+
+/// What retention removes from checkpoints `(id, manifest if complete)`: complete ones beyond
+/// the newest `retained`, and incomplete ones older than the newest complete one, except what
+/// the chains of the kept ones need.
+pub(crate) fn to_drop<'a>(listed: impl Iterator<Item = (u64, Option<&'a Manifest>)>, retained: usize) -> Vec<u64> {
+    let listed: Vec<_> = listed.collect();
+    let complete: Vec<u64> = listed.iter().filter(|(_, m)| m.is_some()).map(|(id, _)| *id).collect();
+    let Some(&newest) = complete.iter().max() else { return Vec::new() };
+    let mut sorted = complete.clone();
+    sorted.sort_unstable();
+    let mut keep: Vec<u64> = sorted[sorted.len().saturating_sub(retained.max(1))..].to_vec();
+    let needed: Vec<u64> = listed
+        .iter()
+        .filter(|(id, _)| keep.contains(id))
+        .filter_map(|(_, m)| *m)
+        .flat_map(|m| m.operators.iter().flat_map(|o| o.subtasks.iter().flat_map(|s| s.chain.iter())))
+        .map(|c| c.checkpoint)
+        .collect();
+    keep.extend(needed);
+    listed.iter().filter(|(id, m)| !keep.contains(id) && (m.is_some() || *id < newest)).map(|(id, _)| *id).collect()
 }
 
 /// Stores a live-upgraded component's bytes under the job's directory
@@ -385,10 +442,9 @@ pub(crate) fn read_manifest(dir: &Path) -> Result<Manifest, CheckpointError> {
     Manifest::decode(&bytes).map_err(|source| CheckpointError::Manifest { path: dir.to_path_buf(), source })
 }
 
-/// Loads and verifies the checkpoint (or savepoint) in `dir`.
-pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
-    let manifest = read_manifest(dir)?;
-    // A manifest names files only inside its own directory (a forged one must not reach out).
+/// A manifest names files only inside its own directory (a forged one must not reach out):
+/// plain state file names, stored components as `components/<sha256>.wasm`.
+pub(crate) fn check_names(manifest: &Manifest, dir: &Path) -> Result<(), CheckpointError> {
     let bad = |what: String| CheckpointError::Manifest { path: dir.to_path_buf(), source: ManifestError::Decode(what) };
     for op in &manifest.operators {
         for s in &op.subtasks {
@@ -405,6 +461,13 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
             return Err(bad(format!("stored component `{stored}` of `{}` is not components/<sha256>.wasm", op.uid)));
         }
     }
+    Ok(())
+}
+
+/// Loads and verifies the checkpoint (or savepoint) in `dir`.
+pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+    let manifest = read_manifest(dir)?;
+    check_names(&manifest, dir)?;
     let mut states = std::collections::BTreeMap::new();
     let read = |dir: &Path, file: &str, uid: &str, subtask: u32| -> Result<SubtaskState, CheckpointError> {
         let path = dir.join(file);
@@ -473,6 +536,21 @@ mod tests {
             }],
             metrics: CheckpointMetrics { id, ..Default::default() },
         }
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_complete_their_chains_and_newer_incomplete_ones() {
+        let mut chained = manifest(9, "op-0.state", 1, 0);
+        chained.operators[0].subtasks[0].chain =
+            vec![crate::checkpoint::incremental::ChainLink { checkpoint: 4, file: "op-0.state".into() }];
+        let (m4, m6, m7) = (manifest(4, "a", 1, 0), manifest(6, "a", 1, 0), manifest(7, "a", 1, 0));
+        // 4 complete (chained from 9), 5 incomplete (older than the newest complete: dropped),
+        // 6 and 7 complete, 9 complete, 10 incomplete (in progress: kept).
+        let listed = [(4, Some(&m4)), (5, None), (6, Some(&m6)), (7, Some(&m7)), (9, Some(&chained)), (10, None)];
+        let mut dropped = to_drop(listed.into_iter(), 2);
+        dropped.sort();
+        assert_eq!(dropped, [5, 6]);
+        assert!(to_drop([(3, None), (4, None)].into_iter(), 1).is_empty(), "nothing complete: nothing dropped");
     }
 
     #[test]

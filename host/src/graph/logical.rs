@@ -52,8 +52,10 @@ pub enum Guarantee {
 /// `[checkpoint]`, validated.
 #[derive(Debug, Clone)]
 pub struct CheckpointConfig {
-    /// Absolute directory holding `<job>/chk-<id>`.
+    /// Absolute directory holding `<job>/chk-<id>` (with an object store: its local copy).
     pub dir: PathBuf,
+    /// `s3://bucket/prefix` when the checkpoints live in object storage (`dir = "s3://..."`).
+    pub remote: Option<String>,
     /// Trigger, timeout and retention settings.
     pub settings: CheckpointSettings,
     /// Incremental snapshots of keyed state (`checkpoint/incremental.rs`).

@@ -455,8 +455,10 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     None => Ok(default),
                 }
             };
+            let (dir, remote) = checkpoint_dir(cx, c)?;
             Some(CheckpointConfig {
-                dir: cx.path(c.dir.as_ref().map(|d| d.get_ref().as_str()).unwrap_or("checkpoints")),
+                dir,
+                remote,
                 settings: CheckpointSettings {
                     interval_ms: *c.interval_ms.get_ref(),
                     timeout_ms: c.timeout_ms.unwrap_or(d.timeout_ms),
@@ -718,6 +720,25 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
 }
 
 /// The first option of `postgres` sinks that `s` sets: (name, where).
+/// `[checkpoint] dir` as (local directory, object store URL): a path relative to the job
+/// file, or `s3://bucket/prefix` with `staging_dir` (default `checkpoints`) as the local copy.
+fn checkpoint_dir(cx: &Ctx<'_>, c: &crate::job::spec::CheckpointSpec) -> Result<(PathBuf, Option<String>), JobError> {
+    let staging = c.staging_dir.as_ref().map(|d| d.get_ref().as_str());
+    match &c.dir {
+        Some(d) if d.get_ref().contains("://") => {
+            if let Err(why) = crate::checkpoint::remote::parse_url(d.get_ref()) {
+                return cx.err(d.span(), format!("[checkpoint] dir `{}`: {why}", d.get_ref()));
+            }
+            Ok((cx.path(staging.unwrap_or("checkpoints")), Some(d.get_ref().clone())))
+        }
+        _ if staging.is_some() => {
+            let span = c.staging_dir.as_ref().map(|d| d.span()).unwrap_or_default();
+            cx.err(span, "[checkpoint] staging_dir is the local copy of an object store; set dir = \"s3://bucket/prefix\" or remove it")
+        }
+        d => Ok((cx.path(d.as_ref().map(|d| d.get_ref().as_str()).unwrap_or("checkpoints")), None)),
+    }
+}
+
 fn postgres_only(s: &SinkSpec) -> Option<(&'static str, Range<usize>)> {
     let text = |o: &Option<Spanned<String>>| o.as_ref().map(|v| v.span());
     let list = |o: &Option<Spanned<Vec<String>>>| o.as_ref().map(|v| v.span());

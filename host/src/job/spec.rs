@@ -292,9 +292,14 @@ pub struct InputSpec {
 pub struct CheckpointSpec {
     /// Trigger interval; 0 turns checkpointing off.
     pub interval_ms: Spanned<u64>,
-    /// Directory for checkpoints, relative to the job file (`<dir>/<job>/chk-<id>`).
+    /// Directory for checkpoints, relative to the job file (`<dir>/<job>/chk-<id>`), or
+    /// `s3://bucket/prefix` for S3-compatible object storage.
     #[serde(default)]
     pub dir: Option<Spanned<String>>,
+    /// With object storage: the local directory checkpoints are written to before upload and
+    /// downloaded to before a restore (default `checkpoints`, relative to the job file).
+    #[serde(default)]
+    pub staging_dir: Option<Spanned<String>>,
     /// Abort a checkpoint not complete within this time.
     #[serde(default)]
     pub timeout_ms: Option<u64>,

@@ -26,7 +26,7 @@ use crate::checkpoint::coordinator::{AckOutcome, Coordinator, TriggerDecision};
 use crate::checkpoint::metadata::{
     CheckpointMetrics, ComponentEntry, Manifest, OperatorEntry, SubtaskEntry, SubtaskTiming, format_version_for,
 };
-use crate::checkpoint::storage::{CheckpointStore, export_savepoint, store_component};
+use crate::checkpoint::storage::{CheckpointStore, export_savepoint};
 use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
 use crate::graph::logical::CheckpointSettings;
 use crate::graph::logical::JobGraph;
@@ -163,6 +163,9 @@ pub fn run(
     let mut coord: Coordinator<Ack> = Coordinator::new(cfg.settings, cfg.tasks.len(), cfg.first_id);
     let mut finished = vec![false; cfg.tasks.len()];
     let mut final_id: Option<CheckpointId> = None;
+    // A failed final checkpoint is tried again after an interval, not at once (a store that
+    // refuses in microseconds must not make the coordinator spin).
+    let mut final_retry_at = 0u64;
     let mut inbox: Option<Request> = None;
     let mut trigger_unix = std::collections::BTreeMap::new();
     let broadcast = |c: Control| {
@@ -247,7 +250,7 @@ pub fn run(
         }
         let wants_barrier =
             savepoint.as_ref().is_some_and(|s| s.id.is_none()) || upgrade.as_ref().is_some_and(|u| u.id.is_none());
-        if now() >= next_poll || (all_finished && final_id.is_none()) || wants_barrier {
+        if now() >= next_poll || (all_finished && final_id.is_none() && now() >= final_retry_at) || wants_barrier {
             match coord.poll_trigger(now(), all_finished || wants_barrier) {
                 TriggerDecision::Trigger(id) => {
                     if all_finished {
@@ -280,6 +283,7 @@ pub fn run(
             }
             if final_id == Some(id) {
                 final_id = None;
+                final_retry_at = now() + cfg.settings.interval_ms;
             }
             broadcast(Control::Abort(id));
             let reason = format!("not complete within {} ms", cfg.settings.timeout_ms);
@@ -332,6 +336,7 @@ pub fn run(
                     }
                     if final_id == Some(id) {
                         final_id = None;
+                        final_retry_at = now() + cfg.settings.interval_ms;
                     }
                     broadcast(Control::Abort(id));
                     let reason = format!("declined by {}#{}: {reason}", cfg.nodes[t.node].uid, t.subtask);
@@ -429,6 +434,7 @@ pub fn run(
                             tracing::warn!(job = %cfg.job, checkpoint = id.0, "checkpoint {id}: {e}; the checkpoint is not complete, older ones are kept");
                             if is_final {
                                 final_id = None;
+                                final_retry_at = now() + cfg.settings.interval_ms;
                             }
                             broadcast(Control::Abort(id));
                             aborted.push((id, e));
@@ -624,7 +630,7 @@ fn commit_upgrade(
     let mut entry = upgrade::component_entry(&u.factory);
     let old_entry = cfg.nodes[u.node].component.clone();
     if let (OperatorFactory::Wasm(c), Some(sha)) = (&u.factory, entry.sha256.clone()) {
-        match store_component(store.root(), &sha, &c.bytes) {
+        match store.keep_component(&sha, &c.bytes) {
             Ok(rel) => entry.stored = Some(rel),
             Err(e) => tracing::warn!(
                 "could not store the upgraded component of `{}` with the checkpoints ({e}); after a \

@@ -207,16 +207,15 @@ fn resolve_components(
 pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
     let g = &job.graph;
     let started = Instant::now();
-    let store = g.checkpoint.as_ref().map(|c| CheckpointStore::new(&c.dir, &g.name));
-    let restore = match load_restore(job, opts, store.as_ref()) {
-        Ok(r) => r,
-        Err(e) => {
-            if let Some(ep) = &opts.endpoint {
-                ep.status.lock().unwrap().state = JobState::Failed { cause: e.to_string() };
-            }
-            return Err(e);
+    let fail = |e: RunError| {
+        if let Some(ep) = &opts.endpoint {
+            ep.status.lock().unwrap().state = JobState::Failed { cause: e.to_string() };
         }
+        e
     };
+    let store =
+        CheckpointStore::of(g).map_err(|e| fail(RunError::Setup { job: g.name.clone(), message: e.to_string() }))?;
+    let restore = load_restore(job, opts, store.as_ref()).map_err(fail)?;
     let restored_from = restore.as_ref().map(|c| c.manifest.checkpoint_id);
     let live: Live = Arc::default();
     let set_state = |state: JobState| {
@@ -241,7 +240,7 @@ pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
 /// without running anything (the server answers a submission with it).
 pub fn preflight(job: &BoundJob, opts: &RunOptions) -> Result<(), RunError> {
     let g = &job.graph;
-    let store = g.checkpoint.as_ref().map(|c| CheckpointStore::new(&c.dir, &g.name));
+    let store = CheckpointStore::of(g).map_err(|e| RunError::Setup { job: g.name.clone(), message: e.to_string() })?;
     let Some(chk) = load_restore(job, opts, store.as_ref())? else { return Ok(()) };
     let live: Live = Arc::default();
     let dropped = resolve_components(job, Some(&chk), opts.allow_non_restored_state, &live)
@@ -277,11 +276,10 @@ fn load_restore(
                     "--restore latest needs checkpointing: add [checkpoint] interval_ms and dir to the job file".into(),
                 )
             })?;
-            Some(s.latest(warn).ok_or_else(|| {
-                setup(format!(
-                    "no complete checkpoint in {} to restore; run without --restore to start fresh",
-                    s.root().display()
-                ))
+            let found = s.find_latest(warn).map_err(|e| setup(format!("cannot restore: {e}")))?;
+            Some(found.ok_or_else(|| {
+                let place = s.remote().map_or(s.root().display().to_string(), |r| r.url().to_string());
+                setup(format!("no complete checkpoint in {place} to restore; run without --restore to start fresh"))
             })?)
         }
         Some(RestoreFrom::Path(p)) => Some(storage::load(p).map_err(|e| setup(format!("cannot restore: {e}")))?),

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 
 use crate::checkpoint::recovery::{self, RestorePlan};
-use crate::checkpoint::storage::{CheckpointStore, LoadedCheckpoint, store_component};
+use crate::checkpoint::storage::{CheckpointStore, LoadedCheckpoint};
 use crate::connectors::file_sink::clear_parts;
 use crate::declared::Redistribution;
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
@@ -263,7 +263,7 @@ fn driver_config(a: &Attempt<'_>, store: &CheckpointStore, tasks: Vec<TaskTempla
                 if !entry.replaces.is_empty()
                     && let (OperatorFactory::Wasm(c), Some(sha)) = (f, f.sha256())
                 {
-                    entry.stored = store_component(store.root(), sha, &c.bytes).ok();
+                    entry.stored = store.keep_component(sha, &c.bytes).ok();
                 }
                 entry
             }),

@@ -3,7 +3,8 @@
 //! writing never stalls the stream. A snapshot drained in chunks is appended to its file
 //! chunk by chunk, so neither the host nor the operator holds all of it at once.
 //!
-//! Invariants: an ack is sent only after the state file is durable; a file that builds on
+//! Invariants: an ack is sent only after the state file is durable (on disk, and in the
+//! object store when the checkpoints are mirrored to one); a file that builds on
 //! one whose write failed, or one of whose chunks failed, is declined, never acked (messages
 //! are handled in order, on one thread).
 
@@ -49,6 +50,7 @@ pub fn run(
     // (task, checkpoint) whose file was not written: nothing may build on it.
     let mut lost: HashMap<(usize, u64), String> = HashMap::new();
     let mut open: HashMap<(usize, u64), Open> = HashMap::new();
+    let mut warned_upload: Option<u64> = None;
     let begin = |id, file: &str| -> std::io::Result<Open> {
         let f = store.begin_state(id, file)?;
         let writer = StateFileWriter::new(f.file.try_clone()?)?;
@@ -129,6 +131,16 @@ pub fn run(
                 None => store.write_state(job.id, &job.file, &job.state).map(|r| (r, started)),
             },
         };
+        // Mirrored to an object store: acked only once uploaded there too. A store that fails
+        // is an outage the operator must see (once per checkpoint), not a routine decline.
+        let written = written.and_then(|r| {
+            store.upload_state(job.id, &job.file).map(|()| r).inspect_err(|e| {
+                if warned_upload != Some(job.id.0) {
+                    warned_upload = Some(job.id.0);
+                    tracing::warn!(checkpoint = job.id.0, "checkpoint {}: {e}; it will not complete", job.id);
+                }
+            })
+        });
         let event = match written {
             Ok(((bytes, crc32), since)) => {
                 let mut timing = job.timing;

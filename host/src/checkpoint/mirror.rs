@@ -1,0 +1,167 @@
+//! The object-store side of a mirrored checkpoint store: the local directory is written as
+//! always, and the object store (`checkpoint/remote.rs`) receives every state file before its
+//! subtask acks, the manifest before the local one (conditional create: the atomic publish),
+//! upgraded components, and retention's deletions. A process that starts with an empty or
+//! stale local directory restores by downloading the newest complete checkpoint (its files,
+//! the earlier files its chains name, its stored components) and then loading it locally as
+//! any other.
+//!
+//! Invariants: the object store is the truth about which checkpoints are complete (a
+//! manifest there); file names a downloaded manifest gives are checked before anything is
+//! written locally; downloads are bounded by the sizes the manifest declares; a store that
+//! cannot be reached is an error naming it, never "no checkpoint" (which would restart a job
+//! from the beginning), and a checkpoint whose files could not all be fetched is skipped with
+//! a warning only when the store answered.
+
+use std::path::PathBuf;
+
+use crate::checkpoint::metadata::Manifest;
+use crate::checkpoint::remote::{Remote, RemoteError};
+use crate::checkpoint::storage::{
+    CheckpointError, CheckpointStore, LoadedCheckpoint, MANIFEST, check_names, load, read_manifest, store_component,
+    to_drop, write_atomic,
+};
+use crate::ids::CheckpointId;
+
+/// Largest manifest accepted from the object store.
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+/// Largest file of a chain or component accepted (the host's snapshot ceiling).
+const MAX_FILE_BYTES: u64 = crate::graph::limits::CEILING.max_snapshot_mb << 20;
+
+impl CheckpointStore {
+    /// The object store this store mirrors to, if any.
+    pub fn remote(&self) -> Option<&Remote> {
+        self.remote.as_ref()
+    }
+
+    /// Uploads state file `file` of checkpoint `id` (nothing to do without an object store).
+    pub fn upload_state(&self, id: CheckpointId, file: &str) -> std::io::Result<()> {
+        match &self.remote {
+            Some(r) => {
+                r.upload(&format!("chk-{}/{file}", id.0), &self.chk_dir(id).join(file)).map_err(RemoteError::into_io)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Stores a live-upgraded component with the checkpoints (and in the object store);
+    /// returns its path relative to a checkpoint directory.
+    pub fn keep_component(&self, sha256: &str, bytes: &[u8]) -> std::io::Result<String> {
+        let rel = store_component(self.root(), sha256, bytes)?;
+        if let Some(r) = &self.remote {
+            let key = format!("components/{sha256}.wasm");
+            if r.size(&key).map_err(RemoteError::into_io)?.is_none() {
+                r.upload(&key, &self.root().join(&key)).map_err(RemoteError::into_io)?;
+            }
+        }
+        Ok(rel)
+    }
+
+    /// Checkpoint ids in the object store (complete or not), ascending; none without one.
+    pub(crate) fn remote_ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        let Some(r) = &self.remote else { return Ok(Vec::new()) };
+        let mut ids: Vec<u64> = r
+            .dirs()
+            .map_err(|e| CheckpointError::Remote(Box::new(e)))?
+            .iter()
+            .filter_map(|d| d.strip_prefix("chk-").and_then(|n| n.parse().ok()))
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// The manifest of checkpoint `id` in the object store (`None`: incomplete there).
+    fn remote_manifest(&self, r: &Remote, id: u64) -> Result<Option<Manifest>, CheckpointError> {
+        let dir = self.chk_dir(CheckpointId(id));
+        if let Ok(m) = read_manifest(&dir) {
+            return Ok(Some(m));
+        }
+        let rel = format!("chk-{id}/{MANIFEST}");
+        if r.size(&rel).map_err(|e| CheckpointError::Remote(Box::new(e)))?.is_none() {
+            return Ok(None);
+        }
+        let tmp = tempfile_in(&self.root().join(".fetch"), id)?;
+        r.download(&rel, &tmp, MAX_MANIFEST_BYTES).map_err(|e| CheckpointError::Remote(Box::new(e)))?;
+        let bytes = std::fs::read(&tmp).map_err(|source| CheckpointError::Io { path: tmp.clone(), source })?;
+        let _ = std::fs::remove_file(&tmp);
+        Manifest::decode(&bytes)
+            .map(Some)
+            .map_err(|source| CheckpointError::Manifest { path: self.remote_path(r, id), source })
+    }
+
+    fn remote_path(&self, r: &Remote, id: u64) -> PathBuf {
+        PathBuf::from(format!("{}/chk-{id}", r.url()))
+    }
+
+    /// The newest checkpoint in the object store that downloads and verifies completely.
+    pub(crate) fn fetch_latest(
+        &self,
+        mut skipped: impl FnMut(&CheckpointError),
+    ) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
+        let Some(r) = &self.remote else { return Ok(None) };
+        for id in self.remote_ids()?.into_iter().rev() {
+            match self.fetch(r, id) {
+                Ok(c) => return Ok(Some(c)),
+                // The store stopped answering: an older checkpoint is no answer.
+                Err(e @ CheckpointError::Remote(_)) => return Err(e),
+                Err(e) => skipped(&e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Downloads what checkpoint `id` needs into the local directory (what is already there
+    /// at the declared size is kept), writes its manifest last, and loads it.
+    fn fetch(&self, r: &Remote, id: u64) -> Result<LoadedCheckpoint, CheckpointError> {
+        let dir = self.chk_dir(CheckpointId(id));
+        let manifest = self
+            .remote_manifest(r, id)?
+            .ok_or_else(|| CheckpointError::Incomplete { path: self.remote_path(r, id) })?;
+        check_names(&manifest, &self.remote_path(r, id))?;
+        // What is already here (at the declared size, when declared) is kept.
+        let get = |rel: String, local: PathBuf, declared: Option<u64>| -> Result<(), CheckpointError> {
+            match std::fs::metadata(&local) {
+                Ok(m) if declared.is_none_or(|d| m.len() == d) => Ok(()),
+                _ => r.download(&rel, &local, declared.unwrap_or(MAX_FILE_BYTES)).map(drop),
+            }
+            .map_err(|e| CheckpointError::Remote(Box::new(e)))
+        };
+        for op in &manifest.operators {
+            for s in &op.subtasks {
+                get(format!("chk-{id}/{}", s.file), dir.join(&s.file), Some(s.bytes))?;
+                for l in &s.chain {
+                    let local = self.chk_dir(CheckpointId(l.checkpoint)).join(&l.file);
+                    get(format!("chk-{}/{}", l.checkpoint, l.file), local, None)?;
+                }
+            }
+            if let Some(stored) = op.component.as_ref().and_then(|c| c.stored.as_ref()) {
+                let name = stored.rsplit('/').next().unwrap_or_default();
+                get(format!("components/{name}"), self.root().join("components").join(name), None)?;
+            }
+        }
+        let path = dir.join(MANIFEST);
+        write_atomic(&path, &manifest.encode()).map_err(|source| CheckpointError::Io { path, source })?;
+        load(&dir)
+    }
+
+    /// Retention in the object store (see [`to_drop`]): reads the manifests of its
+    /// checkpoints (the local copies where present) and deletes what is no longer needed.
+    pub(crate) fn retain_remote(&self, retained: usize) -> std::io::Result<()> {
+        let Some(r) = &self.remote else { return Ok(()) };
+        let io = |e: CheckpointError| std::io::Error::other(e.to_string());
+        let mut listed = Vec::new();
+        for id in self.remote_ids().map_err(io)? {
+            listed.push((id, self.remote_manifest(r, id).map_err(io)?));
+        }
+        for id in to_drop(listed.iter().map(|(id, m)| (*id, m.as_ref())), retained) {
+            r.delete_dir(&format!("chk-{id}")).map_err(RemoteError::into_io)?;
+        }
+        Ok(())
+    }
+}
+
+/// A fresh temporary file name under `dir` for fetching checkpoint `id`'s manifest.
+fn tempfile_in(dir: &std::path::Path, id: u64) -> Result<PathBuf, CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
+    Ok(dir.join(format!("manifest-{id}-{}", std::process::id())))
+}

@@ -1,0 +1,147 @@
+//! Checkpoints in S3-compatible object storage (#13): a real `weir` process checkpoints into a
+//! real S3-protocol server (moto), is killed with SIGKILL, loses its local directory as a lost
+//! machine would, and a new process restores from the object store alone, exactly once. An
+//! unreachable store fails checkpoints and restores with errors naming it and publishes
+//! nothing.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use weir::checkpoint::metadata::Manifest;
+use weir::checkpoint::storage::CheckpointStore;
+
+use crate::process_recovery::{job_into, kill_after_checkpoint, write_input};
+use crate::s3::{S3Server, env_for};
+use crate::support::{committed_lines, scratch, weir};
+
+/// The wordcount job `name` with its checkpoints in `s3://weir/<prefix>`, written locally to
+/// `staging/` first.
+fn s3_job(dir: &Path, name: &str, prefix: &str) -> std::path::PathBuf {
+    let job = job_into(dir, name, "type = \"file\"\npath = \"out\"");
+    let text = std::fs::read_to_string(&job).unwrap().replace(
+        "dir = \"checkpoints\"",
+        &format!("dir = \"s3://weir/{prefix}\"\nstaging_dir = \"staging\"\nretained = 2\nincremental = true"),
+    );
+    std::fs::write(&job, text).unwrap();
+    job
+}
+
+fn spawn(job: &Path, env: &[(&'static str, String)], restore: bool) -> Child {
+    let mut c = weir();
+    c.args(["run", "--progress", "0", "--quiet-guests"]).arg(job).envs(env.iter().map(|(k, v)| (k, v)));
+    if restore {
+        c.args(["--restore", "latest"]);
+    }
+    c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+#[test]
+fn cluster_s3_a_new_process_with_no_local_files_restores_from_the_object_store_exactly_once() {
+    let s3 = S3Server::start();
+    let dir = scratch();
+    let expected = write_input(&dir.path().join("input.txt"), 150_000, 11);
+    let job = s3_job(dir.path(), "wc-s3", "runs");
+    let staging = dir.path().join("staging");
+    let local = CheckpointStore::new(&staging, "wc-s3");
+
+    let mut child = spawn(&job, &s3.env(), false);
+    assert!(kill_after_checkpoint(&mut child, &local, 1, 0), "the job ended before it was killed");
+    let newest = local.list().iter().filter(|l| l.status.is_ok()).map(|l| l.id).max().unwrap();
+    // Published in the object store before locally, and every file it names is there.
+    let keys = s3.keys("runs/wc-s3");
+    let manifest = format!("runs/wc-s3/chk-{newest}/_metadata");
+    assert!(keys.contains(&manifest), "{manifest} missing from {keys:?}");
+    for f in std::fs::read_dir(local.chk_dir(weir::ids::CheckpointId(newest))).unwrap() {
+        let name = f.unwrap().file_name().to_string_lossy().to_string();
+        if !name.starts_with('.') {
+            assert!(keys.contains(&format!("runs/wc-s3/chk-{newest}/{name}")), "{name} of chk-{newest} not uploaded");
+        }
+    }
+
+    // The machine is gone: nothing local survives but the job file and its input.
+    std::fs::remove_dir_all(&staging).unwrap();
+    let out = spawn(&job, &s3.env(), true).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "restore run failed: {stderr}");
+    assert!(stderr.contains(&format!("restoring job `wc-s3` from checkpoint {newest}")), "{stderr}");
+    let got = committed_lines(&dir.path().join("out"));
+    assert_eq!(got.len(), expected.len(), "line count after restoring from S3");
+    assert!(got == expected, "committed output differs from the failure-free output");
+    // Retention applies in the object store too: the newest `retained` complete checkpoints
+    // and the earlier ones their incremental chains name, nothing else.
+    let mut ids: Vec<u64> = s3
+        .keys("runs/wc-s3")
+        .iter()
+        .filter_map(|k| k.strip_suffix("/_metadata")?.rsplit("chk-").next()?.parse().ok())
+        .collect();
+    ids.sort();
+    let newest: Vec<u64> = ids.iter().rev().take(2).copied().collect();
+    let mut needed = newest.clone();
+    for id in &newest {
+        let m = Manifest::decode(&s3.get(&format!("runs/wc-s3/chk-{id}/_metadata"))).unwrap();
+        needed.extend(m.operators.iter().flat_map(|o| &o.subtasks).flat_map(|s| &s.chain).map(|l| l.checkpoint));
+    }
+    assert!(ids.iter().all(|id| needed.contains(id)), "S3 keeps {ids:?}; retention allows only {needed:?}");
+}
+
+#[test]
+fn cluster_s3_an_unreachable_store_fails_checkpoints_and_restores_naming_it_and_publishes_nothing() {
+    // A port nothing listens on: connections are refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let env = env_for(&format!("http://127.0.0.1:{port}"));
+    let dir = scratch();
+    write_input(&dir.path().join("input.txt"), 20_000, 3);
+    let job = s3_job(dir.path(), "wc-s3-down", "down");
+
+    let out = spawn(&job, &env, true).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a restore from an unreachable store must fail");
+    assert!(
+        stderr.contains("s3://weir/down/wc-s3-down") && stderr.contains("retry once it is reachable"),
+        "the error names the store and what to do: {stderr}"
+    );
+
+    // Running: every checkpoint is declined naming the store; the job waits at its final
+    // checkpoint rather than finish without one; nothing is published anywhere.
+    let mut child = spawn(&job, &env, false);
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = Vec::new();
+    let named = loop {
+        assert!(Instant::now() < deadline, "no checkpoint failure reported within 120 s: {seen:?}");
+        let Some(Ok(line)) = lines.next() else { break false };
+        if line.contains("s3://weir/down/wc-s3-down") && line.contains("uploading") {
+            break true;
+        }
+        seen.push(line);
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(named, "the process ended without naming the store: {seen:?}");
+    let staging = CheckpointStore::new(&dir.path().join("staging"), "wc-s3-down");
+    assert!(staging.list().iter().all(|l| l.status.is_err()), "a checkpoint was published without its store");
+    assert!(committed_lines(&dir.path().join("out")).is_empty(), "output was committed without a checkpoint");
+}
+
+#[test]
+fn cluster_s3_a_bad_store_url_or_a_stray_staging_dir_is_refused_naming_the_line() {
+    let dir = scratch();
+    let base = "[job]\nname = \"j\"\n[checkpoint]\ninterval_ms = 100\nCHK\n[[source]]\nid = \"g\"\ntype = \"generator\"\n\
+                count = 10\n[[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{ from = \"g\" }]\n";
+    for (chk, expect) in [
+        ("dir = \"s3://\"", "no bucket"),
+        ("dir = \"gs://bucket/p\"", "only s3://bucket/prefix"),
+        ("dir = \"s3://bucket/a/../b\"", "`..`"),
+        ("dir = \"chk\"\nstaging_dir = \"st\"", "staging_dir is the local copy of an object store"),
+    ] {
+        let path = dir.path().join("job.toml");
+        std::fs::write(&path, base.replace("CHK", chk)).unwrap();
+        let out = weir().arg("validate").arg(&path).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "`{chk}` accepted");
+        assert!(stderr.contains("job.toml:5") || stderr.contains("job.toml:6"), "`{chk}`: no line: {stderr}");
+        assert!(stderr.contains(expect), "`{chk}`: {stderr}");
+    }
+}
