@@ -7,7 +7,7 @@
 
 /// Layers, lowest first. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
-    &["ids", "record", "keygroup", "declared", "disk_budget", "pem", "logging"],
+    &["ids", "record", "keygroup", "declared", "disk_budget", "pem", "logging", "io_runtime"],
     &["graph"],
     &["checkpoint"],
     &["sandbox"],

@@ -30,6 +30,7 @@ pub mod declared;
 pub mod disk_budget;
 pub mod graph;
 pub mod ids;
+pub mod io_runtime;
 pub mod job;
 pub mod keygroup;
 pub mod logging;

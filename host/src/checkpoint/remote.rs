@@ -15,7 +15,7 @@
 //! `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`), as every S3 tool reads them.
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -26,6 +26,8 @@ use object_store::{
     WriteMultipart,
 };
 use thiserror::Error;
+
+use crate::io_runtime::io_runtime;
 
 use crate::checkpoint::storage::AtomicFile;
 
@@ -93,20 +95,6 @@ pub struct Remote {
     prefix: String,
 }
 
-/// The process's runtime for object-store I/O (two threads, shared by every store): callers
-/// are plain threads (the checkpoint writer and coordinator) that block on it.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("weir-object-store")
-            .enable_all()
-            .build()
-            .expect("starting the object store's runtime")
-    })
-}
-
 /// `s3://bucket[/prefix]` as (bucket, prefix without surrounding slashes).
 pub fn parse_url(url: &str) -> Result<(String, String), String> {
     let rest = url.strip_prefix("s3://").ok_or("only s3://bucket/prefix is supported")?;
@@ -125,9 +113,9 @@ pub fn parse_url(url: &str) -> Result<(String, String), String> {
 /// (the API's), on a helper thread, since a runtime cannot block inside another.
 fn block<T: Send>(fut: impl std::future::Future<Output = T> + Send) -> T {
     if tokio::runtime::Handle::try_current().is_ok() {
-        std::thread::scope(|s| s.spawn(|| runtime().block_on(fut)).join().expect("object store call panicked"))
+        std::thread::scope(|s| s.spawn(|| io_runtime().block_on(fut)).join().expect("object store call panicked"))
     } else {
-        runtime().block_on(fut)
+        io_runtime().block_on(fut)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod latency;
 pub mod local;
 pub mod message;
 pub mod metrics;
+pub mod net;
 pub mod offline_query;
 pub mod output;
 pub mod participant;

@@ -1,0 +1,222 @@
+//! The bytes of a channel on the network: each [`Message`] as one length-prefixed frame, and
+//! a decoder that reassembles frames from chunks cut anywhere (HTTP/2 DATA frames follow the
+//! flow-control window, not message boundaries).
+//!
+//! Frame: `len: u32 LE` (of what follows), `kind: u8`, then `Data`: `records: u32 LE` and the
+//! batch bytes in the record framing; `Watermark`: `i64 LE`; `Barrier`: `u64 LE`;
+//! `EndOfStream`: nothing.
+//!
+//! Invariants: the decoder holds at most one partial frame, never more than [`MAX_FRAME`]
+//! bytes; a frame that claims more, an unknown kind, a wrong size for its kind or a batch whose
+//! records do not match its framing and count is an error, and nothing after it is decoded.
+//! Pure: no I/O.
+
+use thiserror::Error;
+
+use crate::ids::CheckpointId;
+use crate::record::{Batch, validate};
+use crate::runtime::message::Message;
+
+/// Largest frame accepted (a batch with a record at the host's emit ceiling fits).
+pub const MAX_FRAME: usize = 1 << 30;
+
+const DATA: u8 = 0;
+const WATERMARK: u8 = 1;
+const BARRIER: u8 = 2;
+const END: u8 = 3;
+
+/// A frame that cannot be decoded.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length prefix is beyond [`MAX_FRAME`] or too short for any frame.
+    #[error("a frame of {0} bytes is out of bounds (1..={MAX_FRAME})")]
+    Length(usize),
+    /// Unknown kind byte.
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    /// The body does not fit its kind.
+    #[error("a frame of kind {kind} has {len} bytes")]
+    Size {
+        /// Kind byte.
+        kind: u8,
+        /// Body length.
+        len: usize,
+    },
+    /// The batch's records are malformed or not as many as it claims.
+    #[error("a data frame's batch is malformed: {0}")]
+    Batch(String),
+}
+
+/// Appends `m`'s frame to `out`.
+pub fn encode(m: &Message, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    match m {
+        Message::Data(b) => {
+            out.push(DATA);
+            out.extend_from_slice(&b.len().to_le_bytes());
+            out.extend_from_slice(b.as_bytes());
+        }
+        Message::Watermark(w) => {
+            out.push(WATERMARK);
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        Message::Barrier(id) => {
+            out.push(BARRIER);
+            out.extend_from_slice(&id.0.to_le_bytes());
+        }
+        Message::EndOfStream => out.push(END),
+    }
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Reassembles messages from chunks of a channel's byte stream.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    failed: bool,
+}
+
+impl Decoder {
+    /// Adds `chunk` and appends every message it completes to `out`.
+    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<Message>) -> Result<(), FrameError> {
+        if self.failed {
+            return Ok(());
+        }
+        self.buf.extend_from_slice(chunk);
+        let mut at = 0;
+        let r = loop {
+            let rest = &self.buf[at..];
+            if rest.len() < 4 {
+                break Ok(());
+            }
+            let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
+            if len == 0 || len > MAX_FRAME {
+                break Err(FrameError::Length(len));
+            }
+            if rest.len() < 4 + len {
+                break Ok(());
+            }
+            match decode(&rest[4..4 + len]) {
+                Ok(m) => out.push(m),
+                Err(e) => break Err(e),
+            }
+            at += 4 + len;
+        };
+        self.buf.drain(..at);
+        if r.is_err() {
+            self.failed = true;
+            self.buf = Vec::new();
+        }
+        r
+    }
+
+    /// Bytes of a partial frame held.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+fn decode(body: &[u8]) -> Result<Message, FrameError> {
+    let (kind, rest) = (body[0], &body[1..]);
+    let size = |want: usize| {
+        if rest.len() == want { Ok(()) } else { Err(FrameError::Size { kind, len: rest.len() }) }
+    };
+    match kind {
+        DATA => {
+            if rest.len() < 4 {
+                return Err(FrameError::Size { kind, len: rest.len() });
+            }
+            let claimed = u32::from_le_bytes(rest[..4].try_into().unwrap());
+            let bytes = &rest[4..];
+            let n = validate(bytes).map_err(|e| FrameError::Batch(e.to_string()))?;
+            if n != claimed {
+                return Err(FrameError::Batch(format!("{n} records, {claimed} claimed")));
+            }
+            Ok(Message::Data(Batch::from_validated(bytes.to_vec(), n)))
+        }
+        WATERMARK => {
+            size(8)?;
+            Ok(Message::Watermark(i64::from_le_bytes(rest.try_into().unwrap())))
+        }
+        BARRIER => {
+            size(8)?;
+            Ok(Message::Barrier(CheckpointId(u64::from_le_bytes(rest.try_into().unwrap()))))
+        }
+        END => {
+            size(0)?;
+            Ok(Message::EndOfStream)
+        }
+        k => Err(FrameError::Kind(k)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Vec<Message> {
+        let mut b = Batch::default();
+        b.push(0, 7, b"key", b"value");
+        b.push(1, -3, b"", &[9; 300]);
+        vec![Message::Data(b), Message::Watermark(-5), Message::Barrier(CheckpointId(42)), Message::EndOfStream]
+    }
+
+    fn same(a: &[Message], b: &[Message]) -> bool {
+        format!("{a:?}") == format!("{b:?}")
+    }
+
+    proptest! {
+        #[test]
+        fn messages_survive_any_cut_of_the_stream(cuts in proptest::collection::vec(0usize..400, 0..8)) {
+            let mut bytes = Vec::new();
+            for m in &sample() {
+                encode(m, &mut bytes);
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.sort();
+            let (mut d, mut out, mut from) = (Decoder::default(), Vec::new(), 0);
+            for c in cuts.into_iter().chain([bytes.len()]) {
+                d.push(&bytes[from..c], &mut out).unwrap();
+                from = c;
+            }
+            prop_assert!(same(&out, &sample()));
+            prop_assert_eq!(d.pending(), 0);
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_refused_and_nothing_after_them_is_decoded() {
+        let frame = |body: &[u8]| {
+            let mut f = (body.len() as u32).to_le_bytes().to_vec();
+            f.extend_from_slice(body);
+            f
+        };
+        let cases: Vec<(Vec<u8>, FrameError)> = vec![
+            (u32::MAX.to_le_bytes().to_vec(), FrameError::Length(u32::MAX as usize)),
+            (0u32.to_le_bytes().to_vec(), FrameError::Length(0)),
+            (frame(&[9]), FrameError::Kind(9)),
+            (frame(&[WATERMARK, 1, 2]), FrameError::Size { kind: WATERMARK, len: 2 }),
+            (frame(&[END, 0]), FrameError::Size { kind: END, len: 1 }),
+            (frame(&[DATA, 5, 0, 0, 0]), FrameError::Batch("0 records, 5 claimed".into())),
+        ];
+        for (bytes, want) in cases {
+            let (mut d, mut out) = (Decoder::default(), Vec::new());
+            let mut all = bytes.clone();
+            encode(&Message::EndOfStream, &mut all);
+            assert_eq!(d.push(&all, &mut out), Err(want));
+            assert!(out.is_empty());
+            d.push(&frame(&[END]), &mut out).unwrap();
+            assert!(out.is_empty(), "decoded after an error");
+        }
+        // A batch whose records overrun its bytes.
+        let mut b = Vec::new();
+        encode(&sample().remove(0), &mut b);
+        let cut = b.len() - 10;
+        b.truncate(cut);
+        b[..4].copy_from_slice(&((cut - 4) as u32).to_le_bytes());
+        assert!(matches!(Decoder::default().push(&b, &mut Vec::new()), Err(FrameError::Batch(_))));
+    }
+}

@@ -1,0 +1,398 @@
+//! Channels between subtasks on different workers: one HTTP/2 connection per pair of workers
+//! (the `h2` crate, hyper's), one stream per channel. HTTP/2's per-stream flow-control window
+//! is the channel's credit, as in Flink's credit-based network stack: a channel whose receiver
+//! does not read stops only its own stream, never the connection, and backpressure reaches the
+//! sending subtask, which blocks on its channel's queue. Both ends look like the in-process
+//! channels to the subtasks: the sender a queue it blocks on, the receiver a bounded
+//! crossbeam channel.
+//!
+//! Invariants: a channel's messages arrive in order, exactly as sent (`frame.rs`); the
+//! receiver releases window only for bytes whose messages are in the local channel, so what a
+//! stalled channel holds is bounded by its window, its queues and one partial frame; a stream
+//! is accepted only with the cluster secret (compared in constant time) and for a channel the
+//! receiving worker expects for that attempt, so a worker of an older attempt (one that was
+//! paused and fenced) delivers nothing; a sender that goes away without ending its channel
+//! closes the stream, and the receiver sees a disconnect, as a neighbour's thread ending would
+//! look in one process (after the messages it did send).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_channel::{Sender, TrySendError};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::io_runtime::io_runtime;
+use crate::runtime::message::Message;
+use crate::runtime::net::frame::{Decoder, encode};
+use crate::runtime::output::Disconnected;
+
+/// Bytes a channel may have on the wire unread (its credit).
+pub const CHANNEL_WINDOW: u32 = 256 << 10;
+/// The connection's window: never the limit (a stalled channel must not hold up the others).
+const CONNECTION_WINDOW: u32 = i32::MAX as u32;
+
+/// A channel of one attempt of a job's plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChannelKey {
+    /// The attempt (restarts increase it; older ones are fenced).
+    pub attempt: u64,
+    /// Index into the physical plan's channels.
+    pub channel: u64,
+}
+
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+type Registry = Arc<Mutex<HashMap<ChannelKey, Sender<Message>>>>;
+
+/// A worker's receiving side: accepts its peers' connections and delivers each stream into
+/// the local channel registered for it.
+pub struct Inbound {
+    addr: SocketAddr,
+    expected: Registry,
+}
+
+impl Inbound {
+    /// Listens on `addr`; peers must present `secret`.
+    pub fn bind(addr: SocketAddr, secret: &str) -> std::io::Result<Inbound> {
+        let listener = io_runtime().block_on(TcpListener::bind(addr))?;
+        let addr = listener.local_addr()?;
+        let expected: Registry = Arc::default();
+        let (reg, secret) = (expected.clone(), Arc::<str>::from(secret));
+        io_runtime().spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
+                tokio::spawn(serve(sock, reg.clone(), secret.clone()));
+            }
+        });
+        Ok(Inbound { addr, expected })
+    }
+
+    /// Where peers connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Delivers channel `key`'s messages into `tx` once its sender connects.
+    pub fn expect(&self, key: ChannelKey, tx: Sender<Message>) {
+        self.expected.lock().unwrap().insert(key, tx);
+    }
+
+    /// Forgets every channel of attempts before `attempt`: their senders are refused.
+    pub fn fence(&self, attempt: u64) {
+        self.expected.lock().unwrap().retain(|k, _| k.attempt >= attempt);
+    }
+}
+
+/// One connection: routes each incoming stream after checking it.
+async fn serve(sock: TcpStream, expected: Registry, secret: Arc<str>) {
+    let handshake = h2::server::Builder::new()
+        .initial_window_size(CHANNEL_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .handshake::<_, Bytes>(sock)
+        .await;
+    let Ok(mut conn) = handshake else { return };
+    while let Some(Ok((req, mut respond))) = conn.accept().await {
+        // Taken on acceptance: one sender per channel and attempt.
+        let routed = channel_of(&req, &secret).and_then(|key| expected.lock().unwrap().remove(&key).ok_or(410));
+        let code = match &routed {
+            Ok(_) => 200,
+            Err(code) => *code,
+        };
+        let response = http::Response::builder().status(code).body(()).expect("a status-only response");
+        if respond.send_response(response, true).is_err() {
+            continue;
+        }
+        if let Ok(tx) = routed {
+            tokio::spawn(deliver_stream(req.into_body(), tx));
+        }
+    }
+}
+
+/// The channel a stream is for, or the status refusing it: 403 without the secret, 400
+/// without a well-formed attempt and channel.
+fn channel_of(req: &http::Request<h2::RecvStream>, secret: &str) -> Result<ChannelKey, u16> {
+    let header = |name: &str| req.headers().get(name).map(|v| v.as_bytes());
+    if !header("weir-secret").is_some_and(|s| same_secret(s, secret.as_bytes())) {
+        return Err(403);
+    }
+    let num = |name: &str| header(name).and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+    match (num("weir-attempt"), num("weir-channel")) {
+        (Some(attempt), Some(channel)) => Ok(ChannelKey { attempt, channel }),
+        _ => Err(400),
+    }
+}
+
+/// Decodes a stream into its local channel, releasing window as messages get in.
+async fn deliver_stream(mut body: h2::RecvStream, tx: Sender<Message>) {
+    let mut decoder = Decoder::default();
+    let mut messages = Vec::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        if decoder.push(&chunk, &mut messages).is_err() {
+            return;
+        }
+        for m in messages.drain(..) {
+            if deliver(&tx, m).await.is_err() {
+                return;
+            }
+        }
+        if body.flow_control().release_capacity(chunk.len()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Puts `m` into the local channel, waiting (without holding a runtime thread) while it is full.
+async fn deliver(tx: &Sender<Message>, mut m: Message) -> Result<(), Disconnected> {
+    let mut wait = Duration::from_micros(200);
+    loop {
+        match tx.try_send(m) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(back)) => {
+                m = back;
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(10));
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(Disconnected),
+        }
+    }
+}
+
+/// Why a channel could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Connecting or talking HTTP/2 failed.
+    #[error("worker {addr}: {message}")]
+    Network {
+        /// The peer.
+        addr: SocketAddr,
+        /// What failed.
+        message: String,
+    },
+    /// The peer refused the stream.
+    #[error("worker {addr} refused channel {channel} of attempt {attempt}: {why}")]
+    Refused {
+        /// The peer.
+        addr: SocketAddr,
+        /// The channel.
+        channel: u64,
+        /// The attempt.
+        attempt: u64,
+        /// Why, from the status.
+        why: &'static str,
+    },
+}
+
+/// A worker's connection to one peer, on which it opens the channels it sends on.
+pub struct Outbound {
+    addr: SocketAddr,
+    secret: String,
+    send: h2::client::SendRequest<Bytes>,
+}
+
+impl Outbound {
+    /// Connects to the peer listening on `addr`.
+    pub fn connect(addr: SocketAddr, secret: &str) -> Result<Outbound, OpenError> {
+        let net = |e: &dyn std::fmt::Display| OpenError::Network { addr, message: e.to_string() };
+        let send = io_runtime().block_on(async {
+            let sock = TcpStream::connect(addr).await.map_err(|e| net(&e))?;
+            let _ = sock.set_nodelay(true);
+            let (send, conn) = h2::client::Builder::new()
+                .initial_window_size(CHANNEL_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
+                .handshake::<_, Bytes>(sock)
+                .await
+                .map_err(|e| net(&e))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Ok::<_, OpenError>(send)
+        })?;
+        Ok(Outbound { addr, secret: secret.to_string(), send })
+    }
+
+    /// Opens channel `key`; the returned sender queues up to `capacity` messages before it
+    /// blocks.
+    pub fn open(&self, key: ChannelKey, capacity: usize) -> Result<RemoteSender, OpenError> {
+        let addr = self.addr;
+        let net = |e: &dyn std::fmt::Display| OpenError::Network { addr, message: e.to_string() };
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}/channel"))
+            .header("weir-secret", &self.secret)
+            .header("weir-attempt", key.attempt.to_string())
+            .header("weir-channel", key.channel.to_string())
+            .body(())
+            .map_err(|e| net(&e))?;
+        let send = self.send.clone();
+        let stream = io_runtime().block_on(async move {
+            let mut send = send.ready().await.map_err(|e| net(&e))?;
+            let (response, stream) = send.send_request(request, false).map_err(|e| net(&e))?;
+            let status = response.await.map_err(|e| net(&e))?.status().as_u16();
+            let why = match status {
+                200 => return Ok(stream),
+                403 => "wrong cluster secret",
+                410 => "it expects no such channel for that attempt (a fenced attempt, or opened twice)",
+                _ => "malformed request",
+            };
+            Err(OpenError::Refused { addr, channel: key.channel, attempt: key.attempt, why })
+        })?;
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        io_runtime().spawn(send_stream(stream, rx));
+        Ok(RemoteSender { tx })
+    }
+}
+
+/// Writes queued messages to the stream as the window allows.
+async fn send_stream(mut stream: h2::SendStream<Bytes>, mut rx: tokio::sync::mpsc::Receiver<Message>) {
+    let mut buf = Vec::new();
+    while let Some(m) = rx.recv().await {
+        encode(&m, &mut buf);
+        let end = matches!(m, Message::EndOfStream);
+        let mut data = Bytes::from(std::mem::take(&mut buf));
+        while !data.is_empty() {
+            stream.reserve_capacity(data.len());
+            let granted = std::future::poll_fn(|cx| stream.poll_capacity(cx)).await;
+            let Some(Ok(n)) = granted else { return };
+            if n == 0 {
+                continue;
+            }
+            let chunk = data.split_to(n.min(data.len()));
+            if stream.send_data(chunk, end && data.is_empty()).is_err() {
+                return;
+            }
+        }
+        if end {
+            return;
+        }
+    }
+    // The sending subtask went away without ending its channel: close the stream after what
+    // was sent (a reset would discard it); with no end of stream in it, the receiver sees a
+    // disconnect, as in one process.
+    let _ = stream.send_data(Bytes::new(), true);
+}
+
+/// The sending end of a channel to another worker.
+pub struct RemoteSender {
+    tx: tokio::sync::mpsc::Sender<Message>,
+}
+
+impl RemoteSender {
+    /// Queues `m`, blocking while the channel's queue is full (backpressure). Call from a
+    /// subtask thread, not from async code.
+    pub fn send(&self, m: Message) -> Result<(), Disconnected> {
+        self.tx.blocking_send(m).map_err(|_| Disconnected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::record::Batch;
+
+    fn batch(i: u64) -> Message {
+        let mut b = Batch::default();
+        b.push(0, i as i64, &i.to_le_bytes(), &[7; 10 << 10]);
+        Message::Data(b)
+    }
+
+    fn ts(m: &Message) -> i64 {
+        match m {
+            Message::Data(b) => b.iter().next().unwrap().timestamp,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn cluster_net_a_stalled_channel_holds_back_only_its_sender_and_every_channel_arrives_in_order() {
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret").unwrap();
+        let (a_tx, a_rx) = crossbeam_channel::bounded(2);
+        let (b_tx, b_rx) = crossbeam_channel::bounded(2);
+        let (a, b) = (ChannelKey { attempt: 1, channel: 0 }, ChannelKey { attempt: 1, channel: 1 });
+        inbound.expect(a, a_tx);
+        inbound.expect(b, b_tx);
+        let out = Outbound::connect(inbound.addr(), "secret").unwrap();
+        let (sa, sb) = (out.open(a, 2).unwrap(), out.open(b, 2).unwrap());
+        // Nobody reads channel A: its sender must block after a bounded number of batches.
+        let sent_a = Arc::new(AtomicU64::new(0));
+        let counter = sent_a.clone();
+        let writer = std::thread::spawn(move || {
+            for i in 0..200 {
+                sa.send(batch(i)).unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+            sa.send(Message::EndOfStream).unwrap();
+        });
+        // Channel B on the same connection flows freely meanwhile, in order.
+        std::thread::spawn(move || {
+            for i in 0..300 {
+                sb.send(batch(i)).unwrap();
+                if i % 50 == 0 {
+                    sb.send(Message::Watermark(i as i64)).unwrap();
+                    sb.send(Message::Barrier(crate::ids::CheckpointId(i))).unwrap();
+                }
+            }
+            sb.send(Message::EndOfStream).unwrap();
+        });
+        let mut next = 0;
+        loop {
+            match b_rx.recv().unwrap() {
+                Message::EndOfStream => break,
+                Message::Watermark(w) => assert_eq!(w, next - 1),
+                Message::Barrier(id) => assert_eq!(id.0 as i64, next - 1),
+                m => {
+                    assert_eq!(ts(&m), next);
+                    next += 1;
+                }
+            }
+        }
+        assert_eq!(next, 300);
+        // A's backlog is bounded by its credit and queues (256 KiB window / 10 KiB batches,
+        // plus queues of 2 at both ends), whatever the machine's speed.
+        let held = sent_a.load(Ordering::SeqCst);
+        assert!(held < 40, "{held} batches sent on a channel nobody reads");
+        for i in 0..200 {
+            assert_eq!(ts(&a_rx.recv().unwrap()), i);
+        }
+        assert!(matches!(a_rx.recv().unwrap(), Message::EndOfStream));
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn cluster_net_a_wrong_secret_or_a_fenced_attempt_is_refused_and_delivers_nothing() {
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret").unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        let old = ChannelKey { attempt: 1, channel: 5 };
+        inbound.expect(old, tx.clone());
+        let e = Outbound::connect(inbound.addr(), "guess").unwrap().open(old, 1).err().unwrap().to_string();
+        assert!(e.contains("wrong cluster secret") && e.contains("channel 5"), "{e}");
+        inbound.fence(2);
+        let e = Outbound::connect(inbound.addr(), "secret").unwrap().open(old, 1).err().unwrap().to_string();
+        assert!(e.contains("attempt 1") && e.contains("fenced"), "{e}");
+        let new = ChannelKey { attempt: 2, channel: 5 };
+        inbound.expect(new, tx);
+        let s = Outbound::connect(inbound.addr(), "secret").unwrap().open(new, 1).unwrap();
+        s.send(Message::Watermark(9)).unwrap();
+        assert!(matches!(rx.recv().unwrap(), Message::Watermark(9)), "the current attempt's channel delivers");
+        assert!(rx.try_recv().is_err(), "nothing from the refused streams");
+    }
+
+    #[test]
+    fn cluster_net_a_sender_that_goes_away_without_ending_its_channel_disconnects_the_receiver() {
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret").unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        let key = ChannelKey { attempt: 1, channel: 0 };
+        inbound.expect(key, tx);
+        let s = Outbound::connect(inbound.addr(), "secret").unwrap().open(key, 1).unwrap();
+        s.send(Message::Watermark(1)).unwrap();
+        drop(s);
+        assert!(matches!(rx.recv().unwrap(), Message::Watermark(1)));
+        assert!(rx.recv().is_err(), "the receiver must see the sender gone");
+    }
+}

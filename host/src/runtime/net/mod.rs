@@ -1,0 +1,5 @@
+//! The network data plane between workers: channels as HTTP/2 streams with per-channel
+//! credit (`link.rs`), carrying the same messages as in-process channels (`frame.rs`).
+
+pub mod frame;
+pub mod link;
