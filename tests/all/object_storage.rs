@@ -24,7 +24,8 @@ fn s3_job(dir: &Path, name: &str, prefix: &str) -> std::path::PathBuf {
         "dir = \"checkpoints\"",
         &format!("dir = \"s3://weir/{prefix}\"\nstaging_dir = \"staging\"\nretained = 2\nincremental = true"),
     );
-    std::fs::write(&job, text).unwrap();
+    // Held to 20 000 lines/s, so the job outlasts two kills on any machine.
+    std::fs::write(&job, text.replace("rate = 100000", "rate = 20000")).unwrap();
     job
 }
 
@@ -39,6 +40,8 @@ fn spawn(job: &Path, env: &[(&'static str, String)], restore: bool) -> Child {
 
 #[test]
 fn cluster_s3_a_new_process_with_no_local_files_restores_from_the_object_store_exactly_once() {
+    // Killed twice; each time the local directory is deleted, and the next process restores
+    // from the bucket alone: first a checkpoint named by its URL, then `--restore latest`.
     let s3 = S3Server::start();
     let dir = scratch();
     let expected = write_input(&dir.path().join("input.txt"), 150_000, 11);
@@ -60,7 +63,23 @@ fn cluster_s3_a_new_process_with_no_local_files_restores_from_the_object_store_e
         }
     }
 
-    // The machine is gone: nothing local survives but the job file and its input.
+    // The machine is gone: nothing local survives but the job file and its input. Restored
+    // from that checkpoint by its URL, then killed again.
+    std::fs::remove_dir_all(&staging).unwrap();
+    let mut child = weir()
+        .args(["run", "--progress", "0", "--quiet-guests"])
+        .arg(&job)
+        .args(["--restore", &format!("s3://weir/runs/wc-s3/chk-{newest}")])
+        .envs(s3.env().iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(kill_after_checkpoint(&mut child, &local, newest, 0), "the restored job ended before it was killed");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains(&format!("restoring job `wc-s3` from checkpoint {newest}")), "{stderr}");
+    let newest = local.list().iter().filter(|l| l.status.is_ok()).map(|l| l.id).max().unwrap();
     std::fs::remove_dir_all(&staging).unwrap();
     let out = spawn(&job, &s3.env(), true).wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -102,6 +121,15 @@ fn cluster_s3_an_unreachable_store_fails_checkpoints_and_restores_naming_it_and_
         stderr.contains("s3://weir/down/wc-s3-down") && stderr.contains("retry once it is reachable"),
         "the error names the store and what to do: {stderr}"
     );
+    let out = weir()
+        .args(["run", "--quiet-guests"])
+        .arg(&job)
+        .args(["--restore", "s3://weir/down/wc-s3-down/latest"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("chk-<id>"), "a URL that names no checkpoint: {stderr}");
 
     // Running: every checkpoint is declined naming the store; the job waits at its final
     // checkpoint rather than finish without one; nothing is published anywhere.

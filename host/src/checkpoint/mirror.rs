@@ -165,3 +165,19 @@ fn tempfile_in(dir: &std::path::Path, id: u64) -> Result<PathBuf, CheckpointErro
     std::fs::create_dir_all(dir).map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
     Ok(dir.join(format!("manifest-{id}-{}", std::process::id())))
 }
+
+/// Loads checkpoint `url` (`s3://bucket/prefix/<job>/chk-<id>`) from object storage: downloads
+/// it, its chains and its components under `local` (`<local>/chk-<id>/...`), then verifies it.
+pub fn fetch_url(url: &str, local: &std::path::Path) -> Result<LoadedCheckpoint, CheckpointError> {
+    let bad =
+        |why: &str| CheckpointError::Remote(Box::new(RemoteError::Url { url: url.to_string(), why: why.to_string() }));
+    let trimmed = url.trim_end_matches('/');
+    let (parent, last) = trimmed.rsplit_once('/').ok_or_else(|| bad("no checkpoint directory in it"))?;
+    let id = last
+        .strip_prefix("chk-")
+        .and_then(|n| n.parse::<u64>().ok())
+        .ok_or_else(|| bad("name a checkpoint directory: s3://bucket/prefix/<job>/chk-<id>"))?;
+    let remote = Remote::open(parent).map_err(|e| CheckpointError::Remote(Box::new(e)))?;
+    let store = CheckpointStore::at(local);
+    store.fetch(&remote, id)
+}

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::compat;
 use crate::checkpoint::metadata::ComponentEntry;
+use crate::checkpoint::mirror;
 use crate::checkpoint::recovery;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
 use crate::declared::Redistribution;
@@ -281,6 +282,16 @@ fn load_restore(
                 let place = s.remote().map_or(s.root().display().to_string(), |r| r.url().to_string());
                 setup(format!("no complete checkpoint in {place} to restore; run without --restore to start fresh"))
             })?)
+        }
+        Some(RestoreFrom::Path(p)) if p.to_str().is_some_and(|u| u.starts_with("s3://")) => {
+            // Downloaded next to the job's own checkpoints (or into a private temporary
+            // directory when the job has none).
+            let local = match store {
+                Some(s) => s.root().join("restored"),
+                None => std::env::temp_dir().join(format!("weir-restore-{}", std::process::id())),
+            };
+            let url = p.to_str().unwrap_or_default();
+            Some(mirror::fetch_url(url, &local).map_err(|e| setup(format!("cannot restore {url}: {e}")))?)
         }
         Some(RestoreFrom::Path(p)) => Some(storage::load(p).map_err(|e| setup(format!("cannot restore: {e}")))?),
     })
