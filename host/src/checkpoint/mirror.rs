@@ -60,12 +60,8 @@ impl CheckpointStore {
     /// Checkpoint ids in the object store (complete or not), ascending; none without one.
     pub(crate) fn remote_ids(&self) -> Result<Vec<u64>, CheckpointError> {
         let Some(r) = &self.remote else { return Ok(Vec::new()) };
-        let mut ids: Vec<u64> = r
-            .dirs()
-            .map_err(|e| CheckpointError::Remote(Box::new(e)))?
-            .iter()
-            .filter_map(|d| d.strip_prefix("chk-").and_then(|n| n.parse().ok()))
-            .collect();
+        let mut ids: Vec<u64> =
+            r.dirs()?.iter().filter_map(|d| d.strip_prefix("chk-").and_then(|n| n.parse().ok())).collect();
         ids.sort_unstable();
         Ok(ids)
     }
@@ -76,14 +72,7 @@ impl CheckpointStore {
         if let Ok(m) = read_manifest(&dir) {
             return Ok(Some(m));
         }
-        let rel = format!("chk-{id}/{MANIFEST}");
-        if r.size(&rel).map_err(|e| CheckpointError::Remote(Box::new(e)))?.is_none() {
-            return Ok(None);
-        }
-        let tmp = tempfile_in(&self.root().join(".fetch"), id)?;
-        r.download(&rel, &tmp, MAX_MANIFEST_BYTES).map_err(|e| CheckpointError::Remote(Box::new(e)))?;
-        let bytes = std::fs::read(&tmp).map_err(|source| CheckpointError::Io { path: tmp.clone(), source })?;
-        let _ = std::fs::remove_file(&tmp);
+        let Some(bytes) = r.read(&format!("chk-{id}/{MANIFEST}"), MAX_MANIFEST_BYTES)? else { return Ok(None) };
         Manifest::decode(&bytes)
             .map(Some)
             .map_err(|source| CheckpointError::Manifest { path: self.remote_path(r, id), source })
@@ -122,9 +111,8 @@ impl CheckpointStore {
         let get = |rel: String, local: PathBuf, declared: Option<u64>| -> Result<(), CheckpointError> {
             match std::fs::metadata(&local) {
                 Ok(m) if declared.is_none_or(|d| m.len() == d) => Ok(()),
-                _ => r.download(&rel, &local, declared.unwrap_or(MAX_FILE_BYTES)).map(drop),
+                _ => r.download(&rel, &local, declared.unwrap_or(MAX_FILE_BYTES)).map(drop).map_err(Into::into),
             }
-            .map_err(|e| CheckpointError::Remote(Box::new(e)))
         };
         for op in &manifest.operators {
             for s in &op.subtasks {
@@ -160,24 +148,17 @@ impl CheckpointStore {
     }
 }
 
-/// A fresh temporary file name under `dir` for fetching checkpoint `id`'s manifest.
-fn tempfile_in(dir: &std::path::Path, id: u64) -> Result<PathBuf, CheckpointError> {
-    std::fs::create_dir_all(dir).map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
-    Ok(dir.join(format!("manifest-{id}-{}", std::process::id())))
-}
-
 /// Loads checkpoint `url` (`s3://bucket/prefix/<job>/chk-<id>`) from object storage: downloads
 /// it, its chains and its components under `local` (`<local>/chk-<id>/...`), then verifies it.
 pub fn fetch_url(url: &str, local: &std::path::Path) -> Result<LoadedCheckpoint, CheckpointError> {
-    let bad =
-        |why: &str| CheckpointError::Remote(Box::new(RemoteError::Url { url: url.to_string(), why: why.to_string() }));
+    let bad = |why: &str| CheckpointError::from(RemoteError::Url { url: url.to_string(), why: why.to_string() });
     let trimmed = url.trim_end_matches('/');
     let (parent, last) = trimmed.rsplit_once('/').ok_or_else(|| bad("no checkpoint directory in it"))?;
     let id = last
         .strip_prefix("chk-")
         .and_then(|n| n.parse::<u64>().ok())
         .ok_or_else(|| bad("name a checkpoint directory: s3://bucket/prefix/<job>/chk-<id>"))?;
-    let remote = Remote::open(parent).map_err(|e| CheckpointError::Remote(Box::new(e)))?;
+    let remote = Remote::open(parent)?;
     let store = CheckpointStore::at(local);
     store.fetch(&remote, id)
 }

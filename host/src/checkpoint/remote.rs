@@ -230,6 +230,22 @@ impl Remote {
         })
     }
 
+    /// The bytes of `rel` (at most `max`), `None` when it does not exist: one request.
+    pub fn read(&self, rel: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        block(async {
+            let got = match self.store.get(&self.key(rel)).await {
+                Ok(g) => g,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(self.request("reading", rel)(e)),
+            };
+            if got.meta.size > max {
+                let too_big = std::io::Error::other(format!("{} bytes, more than the {max} accepted", got.meta.size));
+                return Err(self.local("reading", rel)(too_big));
+            }
+            Ok(Some(got.bytes().await.map_err(self.request("reading", rel))?.to_vec()))
+        })
+    }
+
     /// Downloads `rel` into `local` (whole, or not at all: written to a temporary name and
     /// renamed); `max` bounds what is accepted.
     pub fn download(&self, rel: &str, local: &Path, max: u64) -> Result<u64, RemoteError> {

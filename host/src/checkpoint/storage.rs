@@ -69,6 +69,12 @@ pub enum CheckpointError {
     },
 }
 
+impl From<RemoteError> for CheckpointError {
+    fn from(e: RemoteError) -> Self {
+        CheckpointError::Remote(Box::new(e))
+    }
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io { path: path.to_path_buf(), source }
 }
@@ -154,7 +160,7 @@ impl CheckpointStore {
     pub fn of(graph: &crate::graph::logical::JobGraph) -> Result<Option<Self>, CheckpointError> {
         let Some(c) = &graph.checkpoint else { return Ok(None) };
         let remote = match &c.remote {
-            Some(url) => Some(Remote::open(url).map_err(|e| CheckpointError::Remote(Box::new(e)))?.child(&graph.name)),
+            Some(url) => Some(Remote::open(url)?.child(&graph.name)),
             None => None,
         };
         Ok(Some(CheckpointStore { root: c.dir.join(&graph.name), remote }))
