@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["operator", "connectors"],
     &["job"],
     &["runtime"],
-    &["scaffold"],
+    &["scaffold", "cluster"],
     &["api", "bench"],
 ];
 

@@ -49,7 +49,7 @@ pub struct KeyGroup(pub u32);
 pub struct InputIndex(pub usize);
 
 /// A checkpoint id: monotonic within a job, across restarts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointId(pub u64);
 
 impl fmt::Display for CheckpointId {

@@ -25,6 +25,7 @@ pub mod api;
 mod architecture;
 pub mod bench;
 pub mod checkpoint;
+pub mod cluster;
 pub mod connectors;
 pub mod declared;
 pub mod disk_budget;

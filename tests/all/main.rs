@@ -4,6 +4,7 @@
 //! Every test runs the real WebAssembly components (built on first use by `support`).
 
 mod boundary;
+mod cluster;
 mod connectors;
 mod cycles;
 mod errors;

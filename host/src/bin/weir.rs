@@ -188,6 +188,55 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Run a job over a cluster of workers (`weir worker`): place its subtasks into their
+    /// slots, checkpoint it, and restart it from its newest checkpoint when a worker is lost
+    /// (see README, "Cluster").
+    Coordinator {
+        /// The job file.
+        job: PathBuf,
+        /// Address workers connect to (printed as `listening on ADDR`).
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+        /// File holding the cluster secret (else `WEIR_CLUSTER_SECRET`).
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+        /// A worker silent this long is lost (its subtasks restart elsewhere).
+        #[arg(long, default_value_t = 5000)]
+        heartbeat_timeout_ms: u64,
+        /// How long an attempt waits for enough slots before the job fails.
+        #[arg(long, default_value_t = 300)]
+        slot_wait_secs: u64,
+        /// The job first starts once this many workers have registered.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Resume from `latest` or a `chk-<id>` / savepoint directory.
+        #[arg(long, value_name = "latest|DIR")]
+        restore: Option<String>,
+        /// Drop restored state that no operator claims.
+        #[arg(long)]
+        allow_non_restored_state: bool,
+    },
+    /// Run subtasks for a coordinator (`weir coordinator`) in a number of slots.
+    Worker {
+        /// The coordinator's address.
+        #[arg(long)]
+        coordinator: String,
+        /// Slices of a job this worker runs.
+        #[arg(long, default_value_t = 1)]
+        slots: u32,
+        /// Address other workers open channels to (port 0: any).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// File holding the cluster secret (else `WEIR_CLUSTER_SECRET`).
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+        /// Name in logs (default: host and process id).
+        #[arg(long)]
+        name: Option<String>,
+        /// Where shipped components are kept (default: under WEIR_HOME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Submit a job to a server (`--server URL --token T`): uploads its components and input
     /// files, then starts it; prints the job id.
     Submit {
@@ -362,6 +411,53 @@ fn real_main(cli: Cli) -> Result<()> {
                     None => println!("  {} x{}", n.id, n.parallelism),
                 }
             }
+            Ok(())
+        }
+        Command::Coordinator {
+            job,
+            listen,
+            secret_file,
+            heartbeat_timeout_ms,
+            slot_wait_secs,
+            workers,
+            restore,
+            allow_non_restored_state,
+        } => {
+            let text = std::fs::read_to_string(&job).with_context(|| format!("reading {}", job.display()))?;
+            let graph = job::parse(&job, &text)?;
+            let engine =
+                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
+            let bound = job::bind::bind(&engine, graph)?;
+            let cfg = weir::cluster::coordinator::CoordinatorConfig {
+                listen: listen.parse().with_context(|| format!("--listen {listen}: not an address"))?,
+                secret: cluster_secret(secret_file.as_deref())?,
+                heartbeat: Duration::from_millis((heartbeat_timeout_ms / 5).clamp(10, 1000)),
+                heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
+                slot_wait: Duration::from_secs(slot_wait_secs),
+                min_workers: workers,
+            };
+            let mut cluster = weir::cluster::coordinator::Cluster::start(cfg)
+                .with_context(|| format!("cannot listen on {listen} for workers"))?;
+            println!("listening on {}", cluster.addr());
+            let source = weir::cluster::coordinator::JobSource { path: job.clone(), text };
+            let mut run = |b: &job::bind::BoundJob, o: &RunOptions| cluster.run(b, &source, o);
+            run_job(&bound, 0.0, false, restore, None, allow_non_restored_state, None, None, Some(&mut run))
+        }
+        Command::Worker { coordinator, slots, listen, secret_file, name, dir } => {
+            let name = name.unwrap_or_else(|| format!("worker-{}", std::process::id()));
+            let engine =
+                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
+            let cfg = weir::cluster::worker::WorkerConfig {
+                coordinator: coordinator
+                    .parse()
+                    .with_context(|| format!("--coordinator {coordinator}: not an address"))?,
+                secret: cluster_secret(secret_file.as_deref())?,
+                slots,
+                data_listen: listen.parse().with_context(|| format!("--listen {listen}: not an address"))?,
+                dir: dir.unwrap_or_else(|| registry::home().join("workers").join(&name)),
+                name,
+            };
+            weir::cluster::worker::run(cfg, engine)?;
             Ok(())
         }
         Command::Checkpoints { command: CheckpointsCommand::List { dir } } => list_checkpoints(&dir),
@@ -686,8 +782,9 @@ fn real_main(cli: Cli) -> Result<()> {
                 restore,
                 from_savepoint,
                 allow_non_restored_state,
-                endpoint,
+                Some(endpoint),
                 report,
+                None,
             );
             registry::unregister(&reg, pid);
             drop(server);
@@ -732,6 +829,30 @@ fn client(server: &Option<Remote>, job: &str) -> Result<(Client, String)> {
     Ok((Client::new(&e.addr, &e.token), e.job))
 }
 
+/// Runs a job on a cluster instead of in this process.
+type ClusterRun<'a> =
+    dyn FnMut(&job::bind::BoundJob, &RunOptions) -> Result<executor::RunSummary, weir::runtime::error::RunError> + 'a;
+
+/// The cluster secret, from `file` or `WEIR_CLUSTER_SECRET`.
+fn cluster_secret(file: Option<&std::path::Path>) -> Result<String> {
+    let secret = match file {
+        Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading the cluster secret {}", f.display()))?,
+        None => std::env::var("WEIR_CLUSTER_SECRET").map_err(|_| {
+            anyhow::anyhow!(
+                "give the cluster secret: --secret-file FILE or WEIR_CLUSTER_SECRET (the same on every member)"
+            )
+        })?,
+    };
+    let secret = secret.trim().to_string();
+    if secret.len() < 16 {
+        anyhow::bail!(
+            "the cluster secret is {} characters; use at least 16 (e.g. `openssl rand -hex 32`)",
+            secret.len()
+        );
+    }
+    Ok(secret)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_job(
     bound: &job::bind::BoundJob,
@@ -740,8 +861,9 @@ fn run_job(
     restore: Option<String>,
     from_savepoint: Option<PathBuf>,
     allow_non_restored_state: bool,
-    endpoint: weir::runtime::handle::Endpoint,
+    endpoint: Option<weir::runtime::handle::Endpoint>,
     report: Option<PathBuf>,
+    deploy: Option<&mut ClusterRun<'_>>,
 ) -> Result<()> {
     {
         for w in &bound.warnings {
@@ -764,7 +886,7 @@ fn run_job(
             },
             allow_non_restored_state,
             faults: None,
-            endpoint: Some(endpoint),
+            endpoint,
             cpu_group: None,
             hold_input: None,
             disk_budget: None,
@@ -772,7 +894,10 @@ fn run_job(
         let started_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let cpu_before = weir::bench::report::cpu_ms();
-        let summary = executor::run(bound, &opts)?;
+        let summary = match deploy {
+            Some(run) => run(bound, &opts)?,
+            None => executor::run(bound, &opts)?,
+        };
         if let Some(path) = &report {
             let mut r = weir::bench::report::RunReport::new(bound, &summary, started_unix_ms);
             r.cpu_ms = weir::bench::report::cpu_ms() - cpu_before;

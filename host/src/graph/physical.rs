@@ -82,6 +82,12 @@ impl PhysicalPlan {
         PhysicalPlan { subtasks, channels }
     }
 
+    /// The index into `subtasks` of subtask `subtask` of `node` (subtasks are in node order,
+    /// then subtask order).
+    pub fn index_of(&self, node: usize, subtask: u32) -> usize {
+        self.subtasks.partition_point(|s| (s.node, s.subtask) < (node, subtask))
+    }
+
     /// Indices into `channels` of the inputs of subtask `subtask` of `node`, in input order.
     pub fn inputs_of<'a>(&'a self, g: &'a JobGraph, node: usize, subtask: u32) -> impl Iterator<Item = usize> + 'a {
         self.channels

@@ -48,6 +48,9 @@ struct Ctx<'a> {
     file: &'a Path,
     dir: &'a Path,
     src: &'a str,
+    /// Where each operator's component is, by uid, instead of the job file's path (a job
+    /// shipped to a worker with its components).
+    components: Option<&'a BTreeMap<String, PathBuf>>,
 }
 
 impl Ctx<'_> {
@@ -79,9 +82,19 @@ pub fn load(path: &Path) -> Result<JobGraph, JobError> {
 
 /// Validates job file text `src` as if read from `path` (paths resolve against its directory).
 pub fn parse(path: &Path, src: &str) -> Result<JobGraph, JobError> {
+    parse_with(path, src, None)
+}
+
+/// [`parse`], with each operator's component at `components[uid]` instead of the job file's
+/// path (a worker runs the components the coordinator shipped).
+pub fn parse_shipped(path: &Path, src: &str, components: &BTreeMap<String, PathBuf>) -> Result<JobGraph, JobError> {
+    parse_with(path, src, Some(components))
+}
+
+fn parse_with(path: &Path, src: &str, components: Option<&BTreeMap<String, PathBuf>>) -> Result<JobGraph, JobError> {
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     let dir = dir.unwrap_or(Path::new("."));
-    let cx = Ctx { file: path, dir, src };
+    let cx = Ctx { file: path, dir, src, components };
     let spec: JobSpec = toml::from_str(src).map_err(|e| {
         let line = e.span().map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1);
         let hint = line.and_then(|l| src.lines().nth(l - 1)).and_then(syntax_hint);
@@ -303,7 +316,12 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         if native && o.component.get_ref() != "native:keyed-count" {
             return cx.err(o.component.span(), format!("operator `{id}`: unknown native operator `{}`; the only one is `native:keyed-count` (for benchmarks)", o.component.get_ref()));
         }
-        let component = if native { PathBuf::from(o.component.get_ref()) } else { cx.path(o.component.get_ref()) };
+        let shipped = cx.components.and_then(|c| c.get(id.as_str()));
+        let component = match shipped {
+            _ if native => PathBuf::from(o.component.get_ref()),
+            Some(p) => p.clone(),
+            None => cx.path(o.component.get_ref()),
+        };
         if !native && !component.is_file() {
             return cx.err(
                 o.component.span(),

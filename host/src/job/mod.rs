@@ -5,4 +5,4 @@ pub mod dry_run;
 mod load;
 pub mod spec;
 
-pub use load::{JobError, MAX_KEY_GROUPS, load, parse};
+pub use load::{JobError, MAX_KEY_GROUPS, load, parse, parse_shipped};

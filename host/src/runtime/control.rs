@@ -1,6 +1,8 @@
 //! Messages between the checkpoint coordinator and the subtasks (outside the data channels).
 
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicBool;
 
 use crate::checkpoint::incremental::ChainLink;
@@ -70,7 +72,7 @@ impl std::fmt::Debug for Control {
 }
 
 /// Timings of one subtask's part of a checkpoint.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
     /// First barrier to last (multi-input tasks).
     pub align_ms: f64,
@@ -81,7 +83,7 @@ pub struct Timing {
 }
 
 /// A subtask's acknowledgement: where its state went.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Ack {
     /// File name in the checkpoint directory.
     pub file: String,
@@ -100,7 +102,7 @@ pub struct Ack {
 }
 
 /// Subtask → coordinator.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub enum Event {
     /// State of checkpoint `id` is durable.
     Ack {

@@ -57,6 +57,21 @@ pub enum TaskFailure {
         /// The subtask.
         task: TaskId,
     },
+    /// A subtask on another worker failed (as that worker reported it), or its worker was
+    /// lost.
+    #[error("subtask {task} on worker {worker}: {message}")]
+    Remote {
+        /// The subtask.
+        task: TaskId,
+        /// The worker (its name and address).
+        worker: String,
+        /// What happened there.
+        message: String,
+        /// Caused by another failure (a neighbour gone, a cancel).
+        secondary: bool,
+        /// Likely to pass on a retry (an unreachable service, a lost worker).
+        transient: bool,
+    },
     /// The subtask's thread panicked (a host bug).
     #[error("subtask {task}: internal error (thread panicked: {message})")]
     Panicked {
@@ -91,6 +106,7 @@ impl TaskFailure {
         let message = match self {
             TaskFailure::Guest { source: GuestError::Trap { message, .. }, .. } => message,
             TaskFailure::Limit { message, .. } => message,
+            TaskFailure::Remote { message, .. } => message,
             _ => return None,
         };
         BY_MESSAGE.iter().find(|(m, _)| message.contains(m)).map(|(_, l)| *l)
@@ -98,12 +114,31 @@ impl TaskFailure {
 
     /// An outage of an external system, not a fault of the job.
     pub fn is_transient(&self) -> bool {
-        matches!(self, TaskFailure::Unavailable { .. })
+        matches!(self, TaskFailure::Unavailable { .. } | TaskFailure::Remote { transient: true, .. })
+    }
+
+    /// The subtask that failed.
+    pub fn task(&self) -> &TaskId {
+        match self {
+            TaskFailure::Guest { task, .. }
+            | TaskFailure::Connector { task, .. }
+            | TaskFailure::Unavailable { task, .. }
+            | TaskFailure::Limit { task, .. }
+            | TaskFailure::Disconnected { task }
+            | TaskFailure::Cancelled { task }
+            | TaskFailure::Remote { task, .. }
+            | TaskFailure::Panicked { task, .. } => task,
+        }
     }
 
     /// A consequence of another failure rather than a root cause.
     pub fn is_secondary(&self) -> bool {
-        matches!(self, TaskFailure::Disconnected { .. } | TaskFailure::Cancelled { .. })
+        matches!(
+            self,
+            TaskFailure::Disconnected { .. }
+                | TaskFailure::Cancelled { .. }
+                | TaskFailure::Remote { secondary: true, .. }
+        )
     }
 }
 

@@ -127,7 +127,7 @@ pub(crate) type Live = Arc<Mutex<BTreeMap<usize, (OperatorFactory, ComponentEntr
 /// upgraded component stored with the checkpoints runs (the upgrade outlives the process).
 /// Then checks every operator's state against its component (`checkpoint::compat`) and
 /// returns the states to drop per node.
-fn resolve_components(
+pub(crate) fn resolve_components(
     job: &BoundJob,
     chk: Option<&LoadedCheckpoint>,
     allow_dropped: bool,
@@ -206,6 +206,16 @@ fn resolve_components(
 /// Runs `job` until its sources are exhausted and every subtask finished, restarting after
 /// failures as its restart strategy allows.
 pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
+    run_deployed(job, opts, &mut run_attempt)
+}
+
+/// Runs one attempt wherever its subtasks are deployed: in this process
+/// ([`run_attempt`]) or on a cluster's workers.
+pub(crate) type Deploy<'d> = dyn FnMut(&Attempt<'_>) -> Result<AttemptEnd, RunError> + 'd;
+
+/// [`run`] with each attempt deployed by `deploy`: the restart loop, restore and checkpoint
+/// storage stay here whatever runs the subtasks.
+pub(crate) fn run_deployed(job: &BoundJob, opts: &RunOptions, deploy: &mut Deploy<'_>) -> Result<RunSummary, RunError> {
     let g = &job.graph;
     let started = Instant::now();
     let fail = |e: RunError| {
@@ -224,7 +234,7 @@ pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
             e.status.lock().unwrap().state = state;
         }
     };
-    let result = run_attempts(job, opts, store.as_ref(), restore, &live, started, restored_from);
+    let result = run_attempts(job, opts, store.as_ref(), restore, &live, started, restored_from, deploy);
     match &result {
         Ok(s) => match &s.stopped_with {
             Some(sp) => set_state(JobState::Stopped { savepoint: sp.path.clone() }),
@@ -297,6 +307,7 @@ fn load_restore(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_attempts(
     job: &BoundJob,
     opts: &RunOptions,
@@ -305,6 +316,7 @@ fn run_attempts(
     live: &Live,
     started: Instant,
     restored_from: Option<u64>,
+    deploy: &mut Deploy<'_>,
 ) -> Result<RunSummary, RunError> {
     let g = &job.graph;
     let warn = |e: &storage::CheckpointError| tracing::warn!("skipping {e}");
@@ -371,7 +383,7 @@ fn run_attempts(
             dropped: &dropped,
             nice,
         };
-        match run_attempt(&attempt)? {
+        match deploy(&attempt)? {
             AttemptEnd::Done(nodes) => return Ok(summary(nodes, None)),
             AttemptEnd::Stopped(nodes, sp) => return Ok(summary(nodes, Some(sp))),
             AttemptEnd::Failed(cause) => {

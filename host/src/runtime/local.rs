@@ -66,87 +66,24 @@ pub(crate) struct Attempt<'a> {
 /// Runs one attempt (see the module docs).
 pub(crate) fn run_attempt(a: &Attempt<'_>) -> Result<AttemptEnd, RunError> {
     let g = &a.job.graph;
-    let metrics: Vec<Arc<NodeMetrics>> = g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
-    let restored = restore_plan(a)?;
-    let restored_state = |node: usize, subtask: u32| restored.as_ref().and_then(|p| p[node][subtask as usize].clone());
-    let cx = Context { graph: g, opts: a.opts, attempt: a.attempt, restore: a.restore };
-    if let Some(c) = a.restore
-        && c.manifest.finished
-    {
-        if let Err(e) = subtask::finish_commits(&cx, &restored_state) {
-            return started_or_failed(e);
-        }
-        tracing::info!(
-            job = %g.name,
-            "job `{}` had already finished at checkpoint {}; its output is committed",
-            g.name, c.manifest.checkpoint_id
-        );
-        return Ok(AttemptEnd::Done(summaries(g, &metrics)));
+    if let Some(end) = prepare(a)? {
+        return Ok(end);
     }
-    let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
-    if a.restore.is_none() {
-        for n in &g.nodes {
-            if let NodeKind::Sink(SinkKind::File { path, .. }) = &n.kind {
-                clear_parts(path)
-                    .map_err(|e| setup(format!("sink `{}`: cannot clear {}: {e}", n.id, path.display())))?;
-            }
-        }
-    }
-
     let plan = PhysicalPlan::of(g);
-    let (mut inputs, mut outputs) = wire(g, &plan);
-    let termination = g.is_cyclic().then(|| {
-        let sources =
-            g.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Source(_))).map(|n| n.parallelism as usize).sum();
-        Arc::new(LoopTermination::new(sources))
-    });
-    let cancel = Arc::new(AtomicBool::new(false));
-    let (events_tx, events_rx) = unbounded::<Event>();
-    let (writer_tx, writer_rx) = unbounded::<WriteMsg>();
-    let mut controls = Vec::new();
-    let mut task_templates = Vec::new();
-    let mut tasks: Vec<(TaskId, Task)> = Vec::new();
-    for (si, s) in plan.subtasks.iter().enumerate() {
-        let n = &g.nodes[s.node];
-        let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s.subtask) };
-        let checkpoints = a.store.is_some().then(|| {
-            let (tx, rx) = unbounded::<Control>();
-            controls.push(tx);
-            let index = task_templates.len();
-            task_templates.push(TaskTemplate {
-                node: s.node,
-                subtask: s.subtask,
-                key_groups: (s.key_groups.start, s.key_groups.end),
-            });
-            let incremental = g.checkpoint.as_ref().is_some_and(|c| c.incremental);
-            Participant::new(index, format!("{}-{}.state", n.id, s.subtask), rx, events_tx.clone(), writer_tx.clone())
-                .with_incremental(incremental)
-        });
-        let parts = Parts {
-            id: id.clone(),
-            inputs: Inputs::new(std::mem::take(&mut inputs[si])),
-            output: Output::new(std::mem::take(&mut outputs[si]), g.batch_size, 256 * 1024)
-                .with_backpressure(metrics[s.node].subtask(s.subtask)),
-            metrics: metrics[s.node].clone(),
-            counters: metrics[s.node].subtask(s.subtask),
-            cancel: cancel.clone(),
-            checkpoints,
-            termination: termination.clone(),
-            restored: restored_state(s.node, s.subtask),
-        };
-        let component = a.live.lock().unwrap().get(&s.node).map(|(f, _)| f.clone());
-        match subtask::build(&cx, s, parts, component) {
-            Ok(t) => tasks.push((id, t)),
-            Err(e) => return started_or_failed(e),
-        }
-    }
-    drop(writer_tx);
-
+    let mine = vec![true; plan.subtasks.len()];
+    let wiring = wire(g, &plan, &mine);
+    let part = match build_part(a, &plan, &mine, wiring.inputs, wiring.outputs) {
+        Ok(p) => p,
+        Err(e) => return started_or_failed(e),
+    };
+    let Part { tasks, controls, templates, events_tx, events_rx, writer_rx, metrics, cancel } = part;
     let stop = Arc::new(AtomicBool::new(false));
     let checkpointing = match a.store {
         Some(store) => {
-            let dcfg = driver_config(a, store, task_templates);
-            Some(start_checkpointing(a, store, dcfg, controls, &events_tx, events_rx, writer_rx, &stop)?)
+            let dcfg = driver_config(a, store, templates);
+            let controls = controls.into_iter().map(|c| c.expect("every subtask runs here")).collect();
+            let w = start_writer(a, store, &events_tx, writer_rx)?;
+            Some((start_driver(a, store, dcfg, controls, events_rx, &stop)?, w))
         }
         None => None,
     };
@@ -164,8 +101,131 @@ pub(crate) fn run_attempt(a: &Attempt<'_>) -> Result<AttemptEnd, RunError> {
     attempt_end(g, failures, coordinator_end, &metrics)
 }
 
+/// What happens once per attempt wherever its subtasks run: a job restored from a checkpoint
+/// taken after it had finished only commits that checkpoint's output (`Some`: the attempt's
+/// end); a fresh start clears what file sinks left of an earlier run.
+pub(crate) fn prepare(a: &Attempt<'_>) -> Result<Option<AttemptEnd>, RunError> {
+    let g = &a.job.graph;
+    if let Some(c) = a.restore
+        && c.manifest.finished
+    {
+        let restored = restore_plan(a)?;
+        let restored_state =
+            |node: usize, subtask: u32| restored.as_ref().and_then(|p| p[node][subtask as usize].clone());
+        let cx = Context { graph: g, opts: a.opts, attempt: a.attempt, restore: a.restore };
+        if let Err(e) = subtask::finish_commits(&cx, &restored_state) {
+            return started_or_failed(e).map(Some);
+        }
+        tracing::info!(
+            job = %g.name,
+            "job `{}` had already finished at checkpoint {}; its output is committed",
+            g.name, c.manifest.checkpoint_id
+        );
+        let metrics: Vec<Arc<NodeMetrics>> =
+            g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
+        return Ok(Some(AttemptEnd::Done(summaries(g, &metrics))));
+    }
+    let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
+    if a.restore.is_none() {
+        for n in &g.nodes {
+            if let NodeKind::Sink(SinkKind::File { path, .. }) = &n.kind {
+                clear_parts(path)
+                    .map_err(|e| setup(format!("sink `{}`: cannot clear {}: {e}", n.id, path.display())))?;
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The subtasks of an attempt that run in this process, ready to start.
+pub(crate) struct Part {
+    /// The runnable subtasks.
+    pub tasks: Vec<(TaskId, Task)>,
+    /// Per global task index: the control channel of a subtask of this part (checkpointing on).
+    pub controls: Vec<Option<Sender<Control>>>,
+    /// Every subtask of the plan, as the checkpoint coordinator numbers them.
+    pub templates: Vec<TaskTemplate>,
+    /// Subtask and writer events (to the coordinator).
+    pub events_tx: Sender<Event>,
+    /// Their receiving end.
+    pub events_rx: Receiver<Event>,
+    /// Snapshots to the writer.
+    pub writer_rx: Receiver<WriteMsg>,
+    /// Counters per node (this process's subtasks).
+    pub metrics: Vec<Arc<NodeMetrics>>,
+    /// Set to cancel every subtask of the part.
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// Makes the subtasks `mine` (per subtask of `plan`) runnable on the channels `wire` made.
+pub(crate) fn build_part(
+    a: &Attempt<'_>,
+    plan: &PhysicalPlan,
+    mine: &[bool],
+    mut inputs: Vec<Vec<InputChannel>>,
+    mut outputs: Vec<Vec<EdgeOutput>>,
+) -> Result<Part, StartError> {
+    let g = &a.job.graph;
+    let metrics: Vec<Arc<NodeMetrics>> = g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
+    let restored = restore_plan(a).map_err(StartError::Setup)?;
+    let restored_state = |node: usize, subtask: u32| restored.as_ref().and_then(|p| p[node][subtask as usize].clone());
+    let cx = Context { graph: g, opts: a.opts, attempt: a.attempt, restore: a.restore };
+    let termination = g.is_cyclic().then(|| {
+        let sources =
+            g.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Source(_))).map(|n| n.parallelism as usize).sum();
+        Arc::new(LoopTermination::new(sources))
+    });
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (events_tx, events_rx) = unbounded::<Event>();
+    let (writer_tx, writer_rx) = unbounded::<WriteMsg>();
+    let mut controls = Vec::new();
+    let mut tasks: Vec<(TaskId, Task)> = Vec::new();
+    let incremental = g.checkpoint.as_ref().is_some_and(|c| c.incremental);
+    for (si, s) in plan.subtasks.iter().enumerate() {
+        let n = &g.nodes[s.node];
+        if !mine[si] {
+            if a.store.is_some() {
+                controls.push(None);
+            }
+            continue;
+        }
+        let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s.subtask) };
+        let checkpoints = a.store.is_some().then(|| {
+            let (tx, rx) = unbounded::<Control>();
+            controls.push(Some(tx));
+            let file = format!("{}-{}.state", n.id, s.subtask);
+            Participant::new(si, file, rx, events_tx.clone(), writer_tx.clone()).with_incremental(incremental)
+        });
+        let parts = Parts {
+            id: id.clone(),
+            inputs: Inputs::new(std::mem::take(&mut inputs[si])),
+            output: Output::new(std::mem::take(&mut outputs[si]), g.batch_size, 256 * 1024)
+                .with_backpressure(metrics[s.node].subtask(s.subtask)),
+            metrics: metrics[s.node].clone(),
+            counters: metrics[s.node].subtask(s.subtask),
+            cancel: cancel.clone(),
+            checkpoints,
+            termination: termination.clone(),
+            restored: restored_state(s.node, s.subtask),
+        };
+        let component = a.live.lock().unwrap().get(&s.node).map(|(f, _)| f.clone());
+        tasks.push((id, subtask::build(&cx, s, parts, component)?));
+    }
+    let templates = if a.store.is_some() { task_templates(plan) } else { Vec::new() };
+    Ok(Part { tasks, controls, templates, events_tx, events_rx, writer_rx, metrics, cancel })
+}
+
+/// Every subtask of the plan as the checkpoint coordinator numbers them (global task index =
+/// index into `plan.subtasks`).
+pub(crate) fn task_templates(plan: &PhysicalPlan) -> Vec<TaskTemplate> {
+    plan.subtasks
+        .iter()
+        .map(|s| TaskTemplate { node: s.node, subtask: s.subtask, key_groups: (s.key_groups.start, s.key_groups.end) })
+        .collect()
+}
+
 /// A subtask that could not be made runnable: the job refused, or the attempt failed.
-fn started_or_failed(e: StartError) -> Result<AttemptEnd, RunError> {
+pub(crate) fn started_or_failed(e: StartError) -> Result<AttemptEnd, RunError> {
     match e {
         StartError::Setup(e) => Err(e),
         StartError::Attempt(f) => Ok(AttemptEnd::Failed(f)),
@@ -188,23 +248,63 @@ fn restore_plan(a: &Attempt<'_>) -> Result<Option<RestorePlan>, RunError> {
     })
 }
 
-/// The plan's channels, handed out per subtask (same order as `plan.subtasks`): its input
-/// channels in input order, and its outputs per edge.
-fn wire(g: &JobGraph, plan: &PhysicalPlan) -> (Vec<Vec<InputChannel>>, Vec<Vec<EdgeOutput>>) {
+/// This process's channels of the plan (see [`wire`]).
+pub(crate) struct Wiring {
+    /// Per subtask of the plan: its input channels in input order (empty if not `mine`).
+    pub inputs: Vec<Vec<InputChannel>>,
+    /// Per subtask of the plan: its outputs per edge (empty if not `mine`).
+    pub outputs: Vec<Vec<EdgeOutput>>,
+    /// Channels from a subtask here to one elsewhere: (channel index, the end to forward).
+    pub outgoing: Vec<(usize, Receiver<Message>)>,
+    /// Channels from a subtask elsewhere to one here: (channel index, where to deliver).
+    pub incoming: Vec<(usize, Sender<Message>)>,
+}
+
+/// The plan's channels that touch the subtasks `mine`, handed out per subtask (same order as
+/// `plan.subtasks`); a channel whose other end runs elsewhere is a local queue whose far end
+/// is returned as outgoing or incoming, for the network to carry.
+pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
     // One in-flight budget for all back-edges of this attempt (`[limits] max_feedback_mb`).
     let budget = Arc::new(FeedbackBudget::new(g.limits.max_feedback_mb << 20));
     let mut senders: Vec<Option<Sender<Message>>> = Vec::with_capacity(plan.channels.len());
     let mut receivers: Vec<Option<Receiver<Message>>> = Vec::with_capacity(plan.channels.len());
-    for c in &plan.channels {
+    let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
+    for (ci, c) in plan.channels.iter().enumerate() {
+        let e = &g.edges[c.edge];
+        let (from_here, to_here) = (mine[plan.index_of(e.from, c.from)], mine[plan.index_of(e.to, c.to)]);
+        if !from_here && !to_here {
+            senders.push(None);
+            receivers.push(None);
+            continue;
+        }
         // A back-edge never blocks its sender; its backlog is bounded by the loop's work
         // (and `max_feedback_mb`) and reported.
         let (tx, rx) = if c.back { unbounded() } else { bounded(g.channel_capacity) };
-        senders.push(Some(tx));
-        receivers.push(Some(rx));
+        match (from_here, to_here) {
+            (true, false) => {
+                outgoing.push((ci, rx));
+                senders.push(Some(tx));
+                receivers.push(None);
+            }
+            (false, true) => {
+                incoming.push((ci, tx));
+                senders.push(None);
+                receivers.push(Some(rx));
+            }
+            _ => {
+                senders.push(Some(tx));
+                receivers.push(Some(rx));
+            }
+        }
     }
     let mut inputs = Vec::with_capacity(plan.subtasks.len());
     let mut outputs = Vec::with_capacity(plan.subtasks.len());
-    for s in &plan.subtasks {
+    for (si, s) in plan.subtasks.iter().enumerate() {
+        if !mine[si] {
+            inputs.push(Vec::new());
+            outputs.push(Vec::new());
+            continue;
+        }
         let ins = plan
             .inputs_of(g, s.node, s.subtask)
             .map(|ci| {
@@ -234,12 +334,12 @@ fn wire(g: &JobGraph, plan: &PhysicalPlan) -> (Vec<Vec<InputChannel>>, Vec<Vec<E
             .collect();
         outputs.push(outs);
     }
-    (inputs, outputs)
+    Wiring { inputs, outputs, outgoing, incoming }
 }
 
 /// The coordinator's view of the attempt: nodes as manifests record them, subtasks by global
 /// task index.
-fn driver_config(a: &Attempt<'_>, store: &CheckpointStore, tasks: Vec<TaskTemplate>) -> DriverConfig {
+pub(crate) fn driver_config(a: &Attempt<'_>, store: &CheckpointStore, tasks: Vec<TaskTemplate>) -> DriverConfig {
     let g = &a.job.graph;
     let retired = a.restore.map(|c| recovery::retired_sinks(c, g)).unwrap_or_default();
     let live = a.live.lock().unwrap();
@@ -288,47 +388,52 @@ fn driver_config(a: &Attempt<'_>, store: &CheckpointStore, tasks: Vec<TaskTempla
 
 type CoordinatorThread = JoinHandle<DriverEnd>;
 
-/// Starts the coordinator and writer threads.
-#[allow(clippy::too_many_arguments)]
-fn start_checkpointing(
+/// Starts the checkpoint writer of this process's subtasks.
+pub(crate) fn start_writer(
+    a: &Attempt<'_>,
+    store: &CheckpointStore,
+    events_tx: &Sender<Event>,
+    writer_rx: Receiver<WriteMsg>,
+) -> Result<JoinHandle<()>, RunError> {
+    let (st, ev, budget) = (store.clone(), events_tx.clone(), a.opts.disk_budget.clone());
+    std::thread::Builder::new()
+        .name("checkpoint-writer".into())
+        .spawn(move || writer::run(st, writer_rx, ev, budget))
+        .map_err(|e| thread_error(a, e))
+}
+
+/// Starts the checkpoint coordinator of the attempt.
+pub(crate) fn start_driver(
     a: &Attempt<'_>,
     store: &CheckpointStore,
     dcfg: DriverConfig,
     controls: Vec<Sender<Control>>,
-    events_tx: &Sender<Event>,
     events_rx: Receiver<Event>,
-    writer_rx: Receiver<WriteMsg>,
     stop: &Arc<AtomicBool>,
-) -> Result<(CoordinatorThread, JoinHandle<()>), RunError> {
-    let setup = |e: std::io::Error| RunError::Setup {
-        job: a.job.graph.name.clone(),
-        message: format!("cannot start a thread: {e}"),
-    };
-    let (st, st2, stop2, done) = (store.clone(), store.clone(), stop.clone(), a.completed.clone());
-    let (ev, budget) = (events_tx.clone(), a.opts.disk_budget.clone());
-    let w = std::thread::Builder::new()
-        .name("checkpoint-writer".into())
-        .spawn(move || writer::run(st2, writer_rx, ev, budget))
-        .map_err(setup)?;
-    let c = std::thread::Builder::new()
+) -> Result<CoordinatorThread, RunError> {
+    let (st, stop, done) = (store.clone(), stop.clone(), a.completed.clone());
+    std::thread::Builder::new()
         .name("checkpoint-coordinator".into())
-        .spawn(move || driver::run(dcfg, st, controls, events_rx, stop2, done))
-        .map_err(setup)?;
-    Ok((c, w))
+        .spawn(move || driver::run(dcfg, st, controls, events_rx, stop, done))
+        .map_err(|e| thread_error(a, e))
+}
+
+fn thread_error(a: &Attempt<'_>, e: std::io::Error) -> RunError {
+    RunError::Setup { job: a.job.graph.name.clone(), message: format!("cannot start a thread: {e}") }
 }
 
 /// The subtask threads of an attempt and the flags they share.
-struct Threads {
-    cancel: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    nice: i32,
-    cpu_group: Option<Arc<crate::runtime::cpu_shares::CpuGroup>>,
+pub(crate) struct Threads {
+    pub cancel: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
+    pub nice: i32,
+    pub cpu_group: Option<Arc<crate::runtime::cpu_shares::CpuGroup>>,
 }
 
 impl Threads {
     /// Runs every task on its own thread until all have exited (with the endpoint's
     /// watcher and the progress reporter beside them); returns their failures.
-    fn run(
+    pub(crate) fn run(
         &self,
         a: &Attempt<'_>,
         tasks: Vec<(TaskId, Task)>,
@@ -414,7 +519,7 @@ impl Threads {
 }
 
 /// How the attempt ended, from its subtasks' failures and the coordinator's end.
-fn attempt_end(
+pub(crate) fn attempt_end(
     g: &JobGraph,
     mut failures: Vec<TaskFailure>,
     coordinator_end: Option<std::thread::Result<DriverEnd>>,

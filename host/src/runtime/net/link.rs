@@ -43,7 +43,7 @@ pub struct ChannelKey {
     pub channel: u64,
 }
 
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -253,18 +253,8 @@ async fn send_stream(mut stream: h2::SendStream<Bytes>, mut rx: tokio::sync::mps
     while let Some(m) = rx.recv().await {
         encode(&m, &mut buf);
         let end = matches!(m, Message::EndOfStream);
-        let mut data = Bytes::from(std::mem::take(&mut buf));
-        while !data.is_empty() {
-            stream.reserve_capacity(data.len());
-            let granted = std::future::poll_fn(|cx| stream.poll_capacity(cx)).await;
-            let Some(Ok(n)) = granted else { return };
-            if n == 0 {
-                continue;
-            }
-            let chunk = data.split_to(n.min(data.len()));
-            if stream.send_data(chunk, end && data.is_empty()).is_err() {
-                return;
-            }
+        if !send_all(&mut stream, Bytes::from(std::mem::take(&mut buf)), end).await {
+            return;
         }
         if end {
             return;
@@ -274,6 +264,24 @@ async fn send_stream(mut stream: h2::SendStream<Bytes>, mut rx: tokio::sync::mps
     // was sent (a reset would discard it); with no end of stream in it, the receiver sees a
     // disconnect, as in one process.
     let _ = stream.send_data(Bytes::new(), true);
+}
+
+/// Sends `data` on `stream` as its window allows, ending the stream after it if `end`; false
+/// if the stream is gone.
+pub(crate) async fn send_all(stream: &mut h2::SendStream<Bytes>, mut data: Bytes, end: bool) -> bool {
+    while !data.is_empty() {
+        stream.reserve_capacity(data.len());
+        let granted = std::future::poll_fn(|cx| stream.poll_capacity(cx)).await;
+        let Some(Ok(n)) = granted else { return false };
+        if n == 0 {
+            continue;
+        }
+        let chunk = data.split_to(n.min(data.len()));
+        if stream.send_data(chunk, end && data.is_empty()).is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// The sending end of a channel to another worker.

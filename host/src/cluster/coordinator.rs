@@ -1,0 +1,508 @@
+//! `weir coordinator`: the job manager of a cluster. Workers connect and register their slots;
+//! each attempt of a job is placed into those slots (`graph/placement.rs`), deployed in two
+//! phases (every worker builds its part and expects its incoming channels, then all start),
+//! and checkpointed by the same checkpoint coordinator and restart loop as in one process
+//! (`runtime/driver.rs`, `runtime/executor.rs`): triggers and acks cross the network.
+//!
+//! Invariants: an attempt fails as soon as one of its workers is lost (connection closed, or
+//! no message within the heartbeat timeout: the connection is then closed, so a paused worker
+//! that wakes up finds itself cut off and cancels its subtasks); the other workers are
+//! cancelled before the next attempt is deployed, under a new attempt number that fences the
+//! old one's channels, acks and part ends; a worker's registration is refused if its protocol
+//! differs.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, unbounded};
+
+use crate::cluster::pipe::{self, Incoming, PipeTx};
+use crate::cluster::protocol::{AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl};
+use crate::graph::physical::PhysicalPlan;
+use crate::graph::placement::Placement;
+use crate::ids::{SubtaskIndex, TaskId};
+use crate::job::bind::BoundJob;
+use crate::operator::OperatorFactory;
+use crate::runtime::control::{Control, Event};
+use crate::runtime::error::{RunError, TaskFailure};
+use crate::runtime::executor::{AttemptEnd, RunOptions, RunSummary, run_deployed};
+use crate::runtime::local::{self, Attempt};
+use crate::runtime::metrics::NodeMetrics;
+
+/// How the coordinator runs.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Control address workers connect to.
+    pub listen: SocketAddr,
+    /// The cluster secret.
+    pub secret: String,
+    /// Workers send a heartbeat this often.
+    pub heartbeat: Duration,
+    /// A worker silent this long is lost.
+    pub heartbeat_timeout: Duration,
+    /// How long an attempt waits for enough slots before the job fails.
+    pub slot_wait: Duration,
+    /// The first attempt waits for this many workers (so a job spreads over the cluster
+    /// being started, not over its first worker); restarts need only enough slots.
+    pub min_workers: usize,
+}
+
+/// The job file a job was loaded from (workers parse the same text).
+#[derive(Debug, Clone)]
+pub struct JobSource {
+    /// Its path.
+    pub path: std::path::PathBuf,
+    /// Its text.
+    pub text: String,
+}
+
+struct WorkerConn {
+    name: String,
+    data_addr: SocketAddr,
+    slots: u32,
+    tx: PipeTx<ToWorker>,
+    last_seen: Instant,
+    shipped: HashSet<String>,
+}
+
+impl WorkerConn {
+    fn label(&self) -> String {
+        format!("{} ({})", self.name, self.data_addr)
+    }
+}
+
+/// What the attempt loop hears from the cluster.
+enum Note {
+    Message(u64, ToCoordinator),
+    Lost(u64),
+}
+
+/// The coordinator's view of its workers.
+pub struct Cluster {
+    cfg: CoordinatorConfig,
+    addr: SocketAddr,
+    inbox: Receiver<(u64, Incoming<ToCoordinator, ToWorker>)>,
+    pending: BTreeMap<u64, PipeTx<ToWorker>>,
+    workers: BTreeMap<u64, WorkerConn>,
+    notes: VecDeque<Note>,
+    next_attempt: AttemptNo,
+}
+
+impl Cluster {
+    /// Listens for workers.
+    pub fn start(cfg: CoordinatorConfig) -> std::io::Result<Cluster> {
+        let (tx, inbox) = unbounded();
+        let addr = pipe::listen(cfg.listen, &cfg.secret, tx)?;
+        Ok(Cluster {
+            cfg,
+            addr,
+            inbox,
+            pending: BTreeMap::new(),
+            workers: BTreeMap::new(),
+            notes: VecDeque::new(),
+            next_attempt: 1,
+        })
+    }
+
+    /// Where workers connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Runs `job` on the cluster's workers until it finishes, restarting after failures as
+    /// its restart strategy allows.
+    pub fn run(&mut self, job: &BoundJob, source: &JobSource, opts: &RunOptions) -> Result<RunSummary, RunError> {
+        run_deployed(job, opts, &mut |a| self.run_attempt(a, source))
+    }
+
+    /// Waits up to `timeout` for news from the workers; handles registrations and heartbeats
+    /// itself.
+    fn poll(&mut self, timeout: Duration) -> Option<Note> {
+        if let Some(n) = self.notes.pop_front() {
+            return Some(n);
+        }
+        match self.inbox.recv_timeout(timeout) {
+            Ok((id, Incoming::Opened(tx))) => {
+                self.pending.insert(id, tx);
+            }
+            Ok((id, Incoming::Message(m))) => self.message(id, m),
+            Ok((id, Incoming::Closed)) => {
+                self.pending.remove(&id);
+                if let Some(w) = self.workers.remove(&id) {
+                    tracing::warn!("worker {} is gone (its connection closed)", w.label());
+                    self.notes.push_back(Note::Lost(id));
+                }
+            }
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+        }
+        let silent: Vec<u64> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.last_seen.elapsed() > self.cfg.heartbeat_timeout)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in silent {
+            let w = self.workers.remove(&id).expect("listed");
+            tracing::warn!(
+                "worker {} sent nothing for {} ms (heartbeat timeout); dropping it",
+                w.label(),
+                self.cfg.heartbeat_timeout.as_millis()
+            );
+            w.tx.close();
+            self.notes.push_back(Note::Lost(id));
+        }
+        self.notes.pop_front()
+    }
+
+    fn message(&mut self, id: u64, m: ToCoordinator) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.last_seen = Instant::now();
+            if !matches!(m, ToCoordinator::Heartbeat) {
+                self.notes.push_back(Note::Message(id, m));
+            }
+            return;
+        }
+        let Some(tx) = self.pending.remove(&id) else { return };
+        let ToCoordinator::Register { name, data_addr, slots, protocol } = m else {
+            tx.close();
+            return;
+        };
+        let refuse = |why: String| {
+            tracing::warn!("refused worker `{name}` ({data_addr}): {why}");
+            let _ = tx.send(&ToWorker::Refused(why));
+            tx.close();
+        };
+        if protocol != PROTOCOL_VERSION {
+            return refuse(format!(
+                "it speaks protocol {protocol}, this coordinator {PROTOCOL_VERSION}; run the same weir version"
+            ));
+        }
+        if slots == 0 {
+            return refuse("it offers no slots; start it with --slots 1 or more".into());
+        }
+        let _ = tx.send(&ToWorker::Welcome { heartbeat_ms: self.cfg.heartbeat.as_millis() as u64 });
+        tracing::info!("worker `{name}` registered: {slots} slot(s), channels on {data_addr}");
+        let w = WorkerConn { name, data_addr, slots, tx, last_seen: Instant::now(), shipped: HashSet::new() };
+        self.workers.insert(id, w);
+    }
+
+    /// Waits until the workers offer `needed` slots.
+    fn wait_for_slots(&mut self, job: &str, needed: u32) -> Result<(), RunError> {
+        let deadline = Instant::now() + self.cfg.slot_wait;
+        let mut said = false;
+        let workers = if self.next_attempt == 1 { self.cfg.min_workers } else { 0 };
+        loop {
+            let have: u32 = self.workers.values().map(|w| w.slots).sum();
+            if have >= needed && self.workers.len() >= workers {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(RunError::Setup {
+                    job: job.into(),
+                    message: format!(
+                        "it needs {needed} slot(s) on at least {workers} worker(s) and the cluster offers {have} on \
+                         {} after waiting {} s; start more workers (`weir worker --coordinator {} --slots N`)",
+                        self.workers.len(),
+                        self.cfg.slot_wait.as_secs(),
+                        self.addr
+                    ),
+                });
+            }
+            if !said {
+                tracing::info!(
+                    job = %job,
+                    "job `{job}` waits for {needed} slot(s) on at least {workers} worker(s); the cluster offers {have} on {}",
+                    self.workers.len()
+                );
+                said = true;
+            }
+            // Messages of earlier attempts are dropped here.
+            let _ = self.poll(Duration::from_millis(100));
+        }
+    }
+
+    /// Deploys, starts and follows one attempt to its end.
+    fn run_attempt(&mut self, a: &Attempt<'_>, source: &JobSource) -> Result<AttemptEnd, RunError> {
+        let g = &a.job.graph;
+        if let Some(end) = local::prepare(a)? {
+            return Ok(end);
+        }
+        let plan = PhysicalPlan::of(g);
+        let needed = plan.subtasks.iter().map(|s| s.subtask + 1).max().unwrap_or(0);
+        self.wait_for_slots(&g.name, needed)?;
+        let ids: Vec<u64> = self.workers.keys().copied().collect();
+        let slots: Vec<u32> = ids.iter().map(|id| self.workers[id].slots).collect();
+        let placement = Placement::spread(&plan, &slots)
+            .map_err(|e| RunError::Setup { job: g.name.clone(), message: e.to_string() })?;
+        // The attempt's workers, numbered as the deployment names them.
+        let used: Vec<usize> = (0..ids.len()).filter(|w| placement.worker_of.contains(w)).collect();
+        let peer_of = |w: usize| used.iter().position(|&u| u == w).expect("used") as u32;
+        let attempt = self.next_attempt;
+        self.next_attempt += 1;
+        let members: Vec<u64> = used.iter().map(|&w| ids[w]).collect();
+        if g.is_cyclic() && members.len() > 1 {
+            // A loop ends by counting its sources' ends and the records in it, in one process.
+            return Err(RunError::Setup {
+                job: g.name.clone(),
+                message: format!(
+                    "its loops cannot span workers yet ({} needed); run it on one worker with {needed} slot(s), or \
+                     with `weir run`",
+                    members.len()
+                ),
+            });
+        }
+        let components = self.ship_components(a, &members);
+        for (i, &id) in members.iter().enumerate() {
+            let d = Deploy {
+                attempt,
+                job_path: source.path.clone(),
+                job_source: source.text.clone(),
+                components: components.clone(),
+                restore: a.restore.map(|c| c.path.clone()),
+                allow_non_restored_state: a.opts.allow_non_restored_state,
+                worker_of: placement.worker_of.iter().map(|&w| peer_of(w)).collect(),
+                peers: members.iter().map(|id| self.workers[id].data_addr).collect(),
+                you: i as u32,
+            };
+            let _ = self.workers[&id].tx.send(&ToWorker::Deploy(Box::new(d)));
+        }
+        let labels: BTreeMap<u64, String> = members.iter().map(|id| (*id, self.workers[id].label())).collect();
+        tracing::info!(
+            job = %g.name,
+            "job `{}` attempt {attempt}: {} subtasks on {}",
+            g.name,
+            plan.subtasks.len(),
+            labels.values().cloned().collect::<Vec<_>>().join(", ")
+        );
+        let first_task = |id: u64| {
+            let w = members.iter().position(|&m| m == id).expect("member");
+            let si = placement.worker_of.iter().position(|&x| peer_of(x) as usize == w).unwrap_or(0);
+            let s = &plan.subtasks[si];
+            TaskId { node: g.nodes[s.node].id.clone(), subtask: SubtaskIndex(s.subtask) }
+        };
+        if let Some(end) = self.await_ready(a, attempt, &members, &labels, &first_task)? {
+            return Ok(end);
+        }
+        let run = Running { attempt, members: &members, labels: &labels, placement: &placement, plan: &plan };
+        self.follow(a, &run, &first_task)
+    }
+
+    /// Ships each operator's component to the workers that do not have it; returns the
+    /// digest per operator uid.
+    fn ship_components(&mut self, a: &Attempt<'_>, members: &[u64]) -> BTreeMap<String, String> {
+        let g = &a.job.graph;
+        let mut digests = BTreeMap::new();
+        for (&node, (factory, _)) in a.live.lock().unwrap().iter() {
+            let OperatorFactory::Wasm(c) = factory else { continue };
+            let digest = c.sha256.clone();
+            for id in members {
+                let w = self.workers.get_mut(id).expect("member");
+                if w.shipped.insert(digest.clone()) {
+                    let m = ToWorker::Component { digest: digest.clone(), bytes: c.bytes.to_vec() };
+                    let _ = w.tx.send(&m);
+                }
+            }
+            digests.insert(g.nodes[node].id.to_string(), digest);
+        }
+        digests
+    }
+
+    /// Waits until every member built its part (`None`), or the attempt cannot start.
+    fn await_ready(
+        &mut self,
+        a: &Attempt<'_>,
+        attempt: AttemptNo,
+        members: &[u64],
+        labels: &BTreeMap<u64, String>,
+        first_task: &dyn Fn(u64) -> TaskId,
+    ) -> Result<Option<AttemptEnd>, RunError> {
+        let g = &a.job.graph;
+        let mut ready = BTreeSet::new();
+        while ready.len() < members.len() {
+            let failure = match self.poll(Duration::from_millis(100)) {
+                Some(Note::Message(id, ToCoordinator::Ready(n))) if n == attempt => {
+                    ready.insert(id);
+                    continue;
+                }
+                Some(Note::Message(id, ToCoordinator::DeployFailed { attempt: n, failure })) if n == attempt => {
+                    if failure.setup {
+                        self.cancel(attempt, members);
+                        return Err(RunError::Setup {
+                            job: g.name.clone(),
+                            message: format!("on worker {}: {}", labels[&id], failure.message),
+                        });
+                    }
+                    let node = failure.node.clone();
+                    let mut f = failure.into_failure(&labels[&id]);
+                    if node == "-"
+                        && let TaskFailure::Remote { task, .. } = &mut f
+                    {
+                        *task = first_task(id);
+                    }
+                    f
+                }
+                Some(Note::Lost(id)) if members.contains(&id) => lost(first_task(id), &labels[&id]),
+                _ => continue,
+            };
+            self.cancel(attempt, members);
+            return Ok(Some(AttemptEnd::Failed(failure)));
+        }
+        for id in members {
+            if let Some(w) = self.workers.get(id) {
+                let _ = w.tx.send(&ToWorker::Start(attempt));
+            }
+        }
+        Ok(None)
+    }
+
+    fn cancel(&self, attempt: AttemptNo, members: &[u64]) {
+        for id in members {
+            if let Some(w) = self.workers.get(id) {
+                let _ = w.tx.send(&ToWorker::Cancel(attempt));
+            }
+        }
+    }
+
+    /// Runs the checkpoint coordinator of a started attempt and collects its workers' ends.
+    fn follow(
+        &mut self,
+        a: &Attempt<'_>,
+        run: &Running<'_>,
+        first_task: &dyn Fn(u64) -> TaskId,
+    ) -> Result<AttemptEnd, RunError> {
+        let g = &a.job.graph;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (events_tx, events_rx) = unbounded::<Event>();
+        let driver = match a.store {
+            Some(store) => {
+                let mut controls = Vec::new();
+                let mut routes = Vec::new();
+                for (si, &w) in run.placement.worker_of.iter().enumerate() {
+                    let (tx, rx) = unbounded::<Control>();
+                    controls.push(tx);
+                    let member = run.members[run.peer(w)];
+                    routes.push((rx, si as u64, self.workers.get(&member).map(|c| c.tx.clone())));
+                }
+                let attempt = run.attempt;
+                std::thread::spawn(move || forward_controls(attempt, routes));
+                let dcfg = local::driver_config(a, store, local::task_templates(run.plan));
+                Some(local::start_driver(a, store, dcfg, controls, events_rx, &stop)?)
+            }
+            None => None,
+        };
+        let metrics: Vec<Arc<NodeMetrics>> =
+            g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
+        let failures = self.collect_ends(g, run, &events_tx, &stop, &metrics, first_task);
+        stop.store(true, Ordering::Relaxed);
+        drop(events_tx);
+        let coordinator_end = driver.map(|d| d.join());
+        local::attempt_end(g, failures, coordinator_end, &metrics)
+    }
+
+    /// Feeds the attempt's events to its checkpoint coordinator until every member's part has
+    /// ended; returns the failures. The first failure or loss cancels the others.
+    fn collect_ends(
+        &mut self,
+        g: &crate::graph::logical::JobGraph,
+        run: &Running<'_>,
+        events: &Sender<Event>,
+        stop: &AtomicBool,
+        metrics: &[Arc<NodeMetrics>],
+        first_task: &dyn Fn(u64) -> TaskId,
+    ) -> Vec<TaskFailure> {
+        let mut ended = BTreeSet::new();
+        let mut failures = Vec::new();
+        let mut cancelled = false;
+        while ended.len() < run.members.len() {
+            match self.poll(Duration::from_millis(100)) {
+                Some(Note::Message(_, ToCoordinator::Event { attempt, event })) if attempt == run.attempt => {
+                    let _ = events.send(event);
+                }
+                Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures: f, records }))
+                    if attempt == run.attempt =>
+                {
+                    ended.insert(id);
+                    for (uid, (rin, rout)) in records {
+                        if let Some(i) = g.nodes.iter().position(|n| n.id.as_str() == uid) {
+                            metrics[i].subtask(0).add_in(rin, 0);
+                            metrics[i].subtask(0).add_out(rout, 0);
+                        }
+                    }
+                    failures.extend(f.into_iter().map(|f| f.into_failure(&run.labels[&id])));
+                }
+                Some(Note::Lost(id)) if run.members.contains(&id) && !ended.contains(&id) => {
+                    ended.insert(id);
+                    failures.push(lost(first_task(id), &run.labels[&id]));
+                }
+                _ => {}
+            }
+            if !failures.is_empty() && !cancelled {
+                cancelled = true;
+                stop.store(true, Ordering::Relaxed);
+                self.cancel(run.attempt, run.members);
+            }
+        }
+        failures
+    }
+}
+
+/// A started attempt.
+struct Running<'a> {
+    attempt: AttemptNo,
+    members: &'a [u64],
+    labels: &'a BTreeMap<u64, String>,
+    placement: &'a Placement,
+    plan: &'a PhysicalPlan,
+}
+
+impl Running<'_> {
+    /// The member index of placement worker `w`.
+    fn peer(&self, w: usize) -> usize {
+        let mut used: Vec<usize> = self.placement.worker_of.clone();
+        used.sort_unstable();
+        used.dedup();
+        used.iter().position(|&u| u == w).expect("used")
+    }
+}
+
+/// A worker lost while it ran `task` (and maybe others).
+fn lost(task: TaskId, worker: &str) -> TaskFailure {
+    TaskFailure::Remote {
+        task,
+        worker: worker.to_string(),
+        message: "the worker was lost (its connection closed or its heartbeats stopped)".into(),
+        secondary: false,
+        transient: true,
+    }
+}
+
+/// Carries the checkpoint coordinator's messages to the workers of their subtasks until it
+/// drops its senders.
+fn forward_controls(attempt: AttemptNo, mut routes: Vec<(Receiver<Control>, u64, Option<PipeTx<ToWorker>>)>) {
+    while !routes.is_empty() {
+        let mut sel = Select::new();
+        for (rx, _, _) in &routes {
+            sel.recv(rx);
+        }
+        let op = sel.select();
+        let i = op.index();
+        match op.recv(&routes[i].0) {
+            Ok(c) => {
+                let (_, task, tx) = &routes[i];
+                match (WireControl::of(&c), tx) {
+                    (Some(control), Some(tx)) => {
+                        let _ = tx.send(&ToWorker::Control { attempt, task: *task, control });
+                    }
+                    (None, _) => tracing::warn!("{c:?} cannot reach a subtask on another worker; dropped"),
+                    _ => {}
+                }
+            }
+            Err(_) => {
+                routes.swap_remove(i);
+            }
+        }
+    }
+}

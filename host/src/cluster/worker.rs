@@ -1,0 +1,442 @@
+//! `weir worker`: runs the subtasks the coordinator places in its slots. It connects to the
+//! coordinator, registers its slots and data address, and then builds, starts and cancels its
+//! part of each attempt as told; channels to subtasks on other workers go over the data plane
+//! (`runtime/net/link.rs`), the rest stay in memory. Checkpoint state goes to the job's
+//! checkpoint storage through this worker's writer; acks go to the coordinator.
+//!
+//! Invariants: one attempt at a time — a deployment first cancels the previous one and fences
+//! its channels, so nothing of an older attempt is delivered here; when the coordinator's
+//! connection ends, every running subtask is cancelled before the worker registers again (a
+//! worker cut off from its coordinator never commits on its own: commits follow `Complete`
+//! messages only); components are run only if their bytes match the digest they were
+//! shipped under.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use wasmtime::Engine;
+
+use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
+use crate::cluster::pipe::{self, PipeTx};
+use crate::cluster::protocol::{AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireFailure};
+use crate::graph::physical::PhysicalPlan;
+use crate::ids::{NodeId, SubtaskIndex, TaskId};
+use crate::job::bind::BoundJob;
+use crate::runtime::control::Control;
+use crate::runtime::driver::Completed;
+use crate::runtime::error::TaskFailure;
+use crate::runtime::executor::{Live, RunOptions, resolve_components};
+use crate::runtime::local::{self, Attempt, Part, Threads};
+use crate::runtime::message::Message;
+use crate::runtime::net::link::{ChannelKey, Inbound, Outbound};
+use crate::runtime::subtask::StartError;
+use crate::sandbox::instance::sha256_hex;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Name in logs and errors.
+    pub name: String,
+    /// The coordinator's control address.
+    pub coordinator: SocketAddr,
+    /// The cluster secret.
+    pub secret: String,
+    /// Slices of a job it runs.
+    pub slots: u32,
+    /// Where peers open channels to it.
+    pub data_listen: SocketAddr,
+    /// Where shipped components are kept.
+    pub dir: PathBuf,
+}
+
+/// Why a worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The coordinator refused it.
+    #[error("the coordinator refused worker `{name}`: {why}")]
+    Refused {
+        /// This worker.
+        name: String,
+        /// Its words.
+        why: String,
+    },
+    /// Setting up failed.
+    #[error("worker `{name}`: {message}")]
+    Setup {
+        /// This worker.
+        name: String,
+        /// What.
+        message: String,
+    },
+}
+
+/// Everything an attempt's subtasks borrow, owned for the attempt's life.
+struct Owned {
+    job: Arc<BoundJob>,
+    opts: RunOptions,
+    attempt: AttemptNo,
+    restore: Option<LoadedCheckpoint>,
+    store: Option<CheckpointStore>,
+    completed: Arc<Completed>,
+    live: Live,
+    dropped: BTreeMap<usize, Vec<String>>,
+}
+
+impl Owned {
+    fn attempt(&self) -> Attempt<'_> {
+        Attempt {
+            job: &self.job,
+            opts: &self.opts,
+            attempt: self.attempt as u32,
+            restore: self.restore.as_ref(),
+            store: self.store.as_ref(),
+            completed: &self.completed,
+            live: &self.live,
+            dropped: &self.dropped,
+            nice: 0,
+        }
+    }
+}
+
+/// A deployed attempt, built but not started.
+struct Prepared {
+    owned: Arc<Owned>,
+    part: Part,
+    plan: PhysicalPlan,
+    outgoing: Vec<(usize, Receiver<Message>)>,
+    worker_of: Vec<u32>,
+    peers: Vec<SocketAddr>,
+}
+
+/// The attempt this worker runs.
+enum Current {
+    Prepared(AttemptNo, Box<Prepared>),
+    Running {
+        attempt: AttemptNo,
+        controls: Vec<Option<Sender<Control>>>,
+        cancel: Arc<AtomicBool>,
+        stop: Arc<AtomicBool>,
+        runner: JoinHandle<()>,
+    },
+}
+
+struct Worker {
+    cfg: WorkerConfig,
+    engine: Engine,
+    inbound: Inbound,
+    jobs: HashMap<String, Arc<BoundJob>>,
+    current: Option<Current>,
+}
+
+/// Runs the worker until the coordinator refuses it; reconnects whenever the coordinator
+/// goes away.
+pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
+    let setup = |message: String| WorkerError::Setup { name: cfg.name.clone(), message };
+    std::fs::create_dir_all(cfg.dir.join("components"))
+        .map_err(|e| setup(format!("cannot create {}: {e}", cfg.dir.display())))?;
+    let inbound = Inbound::bind(cfg.data_listen, &cfg.secret)
+        .map_err(|e| setup(format!("cannot listen on {} for channels: {e}", cfg.data_listen)))?;
+    tracing::info!("worker `{}`: {} slot(s), channels on {}", cfg.name, cfg.slots, inbound.addr());
+    let mut w = Worker { cfg, engine, inbound, jobs: HashMap::new(), current: None };
+    let mut announced = false;
+    loop {
+        match pipe::connect::<ToWorker, ToCoordinator>(w.cfg.coordinator, &w.cfg.secret) {
+            Ok((tx, rx)) => {
+                announced = false;
+                w.session(&tx, &rx)?;
+                tracing::warn!("worker `{}`: lost the coordinator at {}; reconnecting", w.cfg.name, w.cfg.coordinator);
+            }
+            Err(e) if !announced => {
+                tracing::info!("worker `{}`: waiting for the coordinator ({e})", w.cfg.name);
+                announced = true;
+            }
+            Err(_) => {}
+        }
+        // Cut off from the coordinator: nothing of its attempts may go on here.
+        w.end_current();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+impl Worker {
+    /// Serves one connection to the coordinator until it ends.
+    fn session(&mut self, tx: &PipeTx<ToCoordinator>, rx: &Receiver<ToWorker>) -> Result<(), WorkerError> {
+        let register = ToCoordinator::Register {
+            name: self.cfg.name.clone(),
+            data_addr: self.inbound.addr(),
+            slots: self.cfg.slots,
+            protocol: PROTOCOL_VERSION,
+        };
+        if tx.send(&register).is_err() {
+            return Ok(());
+        }
+        let alive = Arc::new(AtomicBool::new(true));
+        let _guard = Alive(alive.clone());
+        loop {
+            let m = match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            match m {
+                ToWorker::Welcome { heartbeat_ms } => {
+                    let (tx, alive) = (tx.clone(), alive.clone());
+                    std::thread::spawn(move || {
+                        while alive.load(Ordering::Relaxed) && tx.send(&ToCoordinator::Heartbeat).is_ok() {
+                            std::thread::sleep(Duration::from_millis(heartbeat_ms.max(10)));
+                        }
+                    });
+                    tracing::info!(
+                        "worker `{}`: registered with the coordinator at {}",
+                        self.cfg.name,
+                        self.cfg.coordinator
+                    );
+                }
+                ToWorker::Refused(why) => return Err(WorkerError::Refused { name: self.cfg.name.clone(), why }),
+                ToWorker::Component { digest, bytes } => self.keep_component(&digest, &bytes),
+                ToWorker::Deploy(d) => {
+                    let attempt = d.attempt;
+                    let reply = match self.deploy(*d) {
+                        Ok(()) => ToCoordinator::Ready(attempt),
+                        Err(failure) => ToCoordinator::DeployFailed { attempt, failure },
+                    };
+                    let _ = tx.send(&reply);
+                }
+                ToWorker::Start(attempt) => self.start(attempt, tx),
+                ToWorker::Control { attempt, task, control } => {
+                    if let Some(Current::Running { attempt: a, controls, .. }) = &self.current
+                        && *a == attempt
+                        && let Some(Some(c)) = controls.get(task as usize)
+                    {
+                        let _ = c.send(control.into_control());
+                    }
+                }
+                ToWorker::Cancel(attempt) => {
+                    if self.current_attempt() == Some(attempt) {
+                        self.end_current();
+                    }
+                }
+            }
+        }
+    }
+
+    fn current_attempt(&self) -> Option<AttemptNo> {
+        match &self.current {
+            Some(Current::Prepared(a, _)) | Some(Current::Running { attempt: a, .. }) => Some(*a),
+            None => None,
+        }
+    }
+
+    /// Cancels the current attempt and waits until its subtasks have exited.
+    fn end_current(&mut self) {
+        match self.current.take() {
+            Some(Current::Running { cancel, stop, runner, .. }) => {
+                cancel.store(true, Ordering::Relaxed);
+                stop.store(true, Ordering::Relaxed);
+                let _ = runner.join();
+            }
+            Some(Current::Prepared(_, p)) => drop(p),
+            None => {}
+        }
+    }
+
+    fn component_path(&self, digest: &str) -> PathBuf {
+        self.cfg.dir.join("components").join(format!("{digest}.wasm"))
+    }
+
+    /// Keeps a shipped component under its digest if its bytes match it.
+    fn keep_component(&self, digest: &str, bytes: &[u8]) {
+        if sha256_hex(bytes) != digest || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            tracing::warn!(
+                "worker `{}`: a component shipped as {digest} does not match its digest; dropped",
+                self.cfg.name
+            );
+            return;
+        }
+        let path = self.component_path(digest);
+        if !path.is_file()
+            && let Err(e) = storage::write_atomic(&path, bytes)
+        {
+            tracing::warn!("worker `{}`: cannot keep component {digest} at {}: {e}", self.cfg.name, path.display());
+        }
+    }
+
+    /// The job of `d`, bound to its shipped components (cached: a restart binds nothing anew).
+    fn bind(&mut self, d: &Deploy) -> Result<Arc<BoundJob>, String> {
+        let key = format!("{}\n{:?}\n{}", d.job_path.display(), d.components, d.job_source);
+        let key = sha256_hex(key.as_bytes());
+        if let Some(j) = self.jobs.get(&key) {
+            return Ok(j.clone());
+        }
+        let mut paths = BTreeMap::new();
+        for (uid, digest) in &d.components {
+            let p = self.component_path(digest);
+            if !p.is_file() {
+                return Err(format!("operator `{uid}`: component {digest} was not shipped to this worker"));
+            }
+            paths.insert(uid.clone(), p);
+        }
+        let graph = crate::job::parse_shipped(&d.job_path, &d.job_source, &paths).map_err(|e| e.to_string())?;
+        let job = Arc::new(crate::job::bind::bind(&self.engine, graph).map_err(|e| e.to_string())?);
+        self.jobs.insert(key, job.clone());
+        Ok(job)
+    }
+
+    /// Builds this worker's part of attempt `d` and expects its incoming channels.
+    fn deploy(&mut self, d: Deploy) -> Result<(), WireFailure> {
+        self.end_current();
+        self.inbound.fence(d.attempt);
+        let refuse = |message: String, setup: bool| WireFailure {
+            node: "-".into(),
+            subtask: 0,
+            message,
+            secondary: false,
+            transient: !setup,
+            setup,
+        };
+        let job = self.bind(&d).map_err(|e| refuse(e, true))?;
+        let restore = match &d.restore {
+            Some(p) => Some(storage::load(p).map_err(|e| refuse(format!("cannot restore: {e}"), false))?),
+            None => None,
+        };
+        let live: Live = Arc::default();
+        let dropped = resolve_components(&job, restore.as_ref(), d.allow_non_restored_state, &live)
+            .map_err(|e| refuse(e, true))?;
+        let store = CheckpointStore::of(&job.graph).map_err(|e| refuse(e.to_string(), true))?;
+        let opts = RunOptions { allow_non_restored_state: d.allow_non_restored_state, ..RunOptions::default() };
+        let owned =
+            Arc::new(Owned { job, opts, attempt: d.attempt, restore, store, completed: Arc::default(), live, dropped });
+        let a = owned.attempt();
+        let g = &a.job.graph;
+        let plan = PhysicalPlan::of(g);
+        if d.worker_of.len() != plan.subtasks.len() {
+            return Err(refuse(
+                format!("the placement names {} subtasks, the job has {}", d.worker_of.len(), plan.subtasks.len()),
+                true,
+            ));
+        }
+        let mine: Vec<bool> = d.worker_of.iter().map(|&w| w == d.you).collect();
+        let wiring = local::wire(g, &plan, &mine);
+        for (ci, tx) in wiring.incoming {
+            self.inbound.expect(ChannelKey { attempt: d.attempt, channel: ci as u64 }, tx);
+        }
+        let part = match local::build_part(&a, &plan, &mine, wiring.inputs, wiring.outputs) {
+            Ok(p) => p,
+            Err(StartError::Setup(e)) => return Err(refuse(e.to_string(), true)),
+            Err(StartError::Attempt(f)) => return Err(WireFailure::of(&f)),
+        };
+        let prepared =
+            Prepared { owned, part, plan, outgoing: wiring.outgoing, worker_of: d.worker_of, peers: d.peers };
+        self.current = Some(Current::Prepared(d.attempt, Box::new(prepared)));
+        Ok(())
+    }
+
+    /// Opens the outgoing channels and starts the subtasks of the prepared attempt.
+    fn start(&mut self, attempt: AttemptNo, tx: &PipeTx<ToCoordinator>) {
+        let Some(Current::Prepared(n, p)) = self.current.take() else { return };
+        if n != attempt {
+            return;
+        }
+        let p = *p;
+        let Part { tasks, controls, events_tx, events_rx, writer_rx, metrics, cancel, .. } = p.part;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (owned, secret, name) = (p.owned.clone(), self.cfg.secret.clone(), self.cfg.name.clone());
+        let (plan, outgoing, worker_of, peers) = (p.plan, p.outgoing, p.worker_of, p.peers);
+        let events = tx.clone();
+        std::thread::spawn(move || {
+            for event in events_rx {
+                if events.send(&ToCoordinator::Event { attempt, event }).is_err() {
+                    break;
+                }
+            }
+        });
+        let tx = tx.clone();
+        let (cancel2, stop2) = (cancel.clone(), stop.clone());
+        let runner = std::thread::spawn(move || {
+            let a = owned.attempt();
+            let g = &a.job.graph;
+            let mut failures = Vec::new();
+            let forwarders = match open_outgoing(g, &plan, outgoing, &worker_of, &peers, attempt, &secret) {
+                Ok(f) => f,
+                Err(message) => {
+                    let task = TaskId { node: NodeId::new("-"), subtask: SubtaskIndex(0) };
+                    failures.push(TaskFailure::Unavailable { task, message: format!("worker `{name}`: {message}") });
+                    cancel2.store(true, Ordering::Relaxed);
+                    Vec::new()
+                }
+            };
+            let writer = match a.store {
+                Some(store) => local::start_writer(&a, store, &events_tx, writer_rx).ok(),
+                None => None,
+            };
+            drop(events_tx);
+            let threads = Threads { cancel: cancel2, stop: stop2, nice: 0, cpu_group: None };
+            match threads.run(&a, tasks, &metrics) {
+                Ok(f) => failures.extend(f),
+                Err(e) => {
+                    let task = TaskId { node: NodeId::new("-"), subtask: SubtaskIndex(0) };
+                    failures.push(TaskFailure::Connector { task, message: e.to_string() });
+                }
+            }
+            if let Some(w) = writer {
+                let _ = w.join();
+            }
+            // Not joined: a forwarder blocked on a peer that stopped reading ends when that
+            // connection does; the attempt is over for the coordinator either way.
+            drop(forwarders);
+            let records = g.nodes.iter().zip(&metrics).map(|(n, m)| (n.id.to_string(), m.read())).collect();
+            let failures = failures.iter().map(WireFailure::of).collect();
+            let _ = tx.send(&ToCoordinator::PartEnded { attempt, failures, records });
+        });
+        self.current = Some(Current::Running { attempt, controls, cancel, stop, runner });
+    }
+}
+
+/// Opens every outgoing channel on the data plane and forwards its local queue into it
+/// (one thread per channel; it ends when the sending subtask drops its end, or the peer goes).
+fn open_outgoing(
+    g: &crate::graph::logical::JobGraph,
+    plan: &PhysicalPlan,
+    outgoing: Vec<(usize, Receiver<Message>)>,
+    worker_of: &[u32],
+    peers: &[SocketAddr],
+    attempt: AttemptNo,
+    secret: &str,
+) -> Result<Vec<JoinHandle<()>>, String> {
+    let mut links: HashMap<u32, Outbound> = HashMap::new();
+    let mut threads = Vec::new();
+    for (ci, rx) in outgoing {
+        let c = plan.channels[ci];
+        let peer = worker_of[plan.index_of(g.edges[c.edge].to, c.to)];
+        let addr = *peers.get(peer as usize).ok_or_else(|| format!("no address for worker {peer}"))?;
+        if let std::collections::hash_map::Entry::Vacant(v) = links.entry(peer) {
+            v.insert(Outbound::connect(addr, secret).map_err(|e| e.to_string())?);
+        }
+        let sender = links[&peer]
+            .open(ChannelKey { attempt, channel: ci as u64 }, g.channel_capacity)
+            .map_err(|e| e.to_string())?;
+        threads.push(std::thread::spawn(move || {
+            for m in rx {
+                if sender.send(m).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    Ok(threads)
+}
+
+/// Clears a flag when dropped (a session's heartbeat stops with it).
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,155 @@
+//! The cluster as real processes on loopback: `weir coordinator` runs the wordcount job over
+//! `weir worker`s whose subtasks talk over the network; the committed output must equal the
+//! failure-free output, also after a worker is killed with SIGKILL mid-job (the job restarts
+//! from its newest checkpoint on the remaining slots).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use weir::checkpoint::storage::CheckpointStore;
+
+use crate::process_recovery::{job_into, write_input};
+use crate::support::{committed_lines, scratch, weir};
+
+/// Child processes killed when the test ends, whatever happens.
+#[derive(Default)]
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What a process wrote to stderr so far.
+fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let l = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            let mut l = l.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    log
+}
+
+struct Coordinator {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+/// A coordinator whose job starts once `workers` workers have registered.
+fn coordinator(job: &Path, secret: &Path, workers: u32) -> Coordinator {
+    let mut child = weir()
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--heartbeat-timeout-ms", "10000"])
+        .args(["--workers", &workers.to_string(), "--secret-file"])
+        .arg(secret)
+        .arg(job)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = collect(child.stderr.take().unwrap());
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("{first:?}")).to_string();
+    Coordinator { child, addr, log }
+}
+
+fn worker(c: &Coordinator, secret: &Path, name: &str, slots: u32, home: &Path) -> Child {
+    weir()
+        .args(["worker", "--coordinator", &c.addr, "--name", name, "--slots", &slots.to_string(), "--secret-file"])
+        .arg(secret)
+        .arg("--dir")
+        .arg(home.join(name))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the coordinator to end; returns its log.
+fn finish(c: &mut Coordinator) -> String {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = c.child.try_wait().unwrap() {
+            std::thread::sleep(Duration::from_millis(100));
+            let log = c.log.lock().unwrap().clone();
+            assert!(status.success(), "the coordinator failed:\n{log}");
+            return log;
+        }
+        assert!(Instant::now() < deadline, "the job did not finish within 300 s:\n{}", c.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn secret(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("secret");
+    std::fs::write(&p, "0123456789abcdef0123456789abcdef\n").unwrap();
+    p
+}
+
+#[test]
+fn cluster_a_job_over_two_workers_commits_the_output_of_one_process() {
+    let dir = scratch();
+    let expected = write_input(&dir.path().join("input.txt"), 20_000, 11);
+    let job = job_into(dir.path(), "wc-cluster", "type = \"file\"\npath = \"out\"");
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    procs.0.push(worker(&c, &secret, "w1", 1, dir.path()));
+    procs.0.push(worker(&c, &secret, "w2", 1, dir.path()));
+    let log = finish(&mut c);
+    // Both workers ran a slice: the hash edge crossed the network.
+    let attempt = log.lines().find(|l| l.contains("attempt 1:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(attempt.contains("w1 (") && attempt.contains("w2 ("), "{attempt}");
+    assert!(log.contains("1 attempt(s)"), "{log}");
+    let got = committed_lines(&dir.path().join("out"));
+    assert_eq!(got.len(), expected.len());
+    assert!(got == expected, "committed output differs from the expected wordcount");
+}
+
+#[test]
+fn cluster_sigkill_of_a_worker_restarts_the_job_on_the_remaining_slots_exactly_once() {
+    let dir = scratch();
+    let expected = write_input(&dir.path().join("input.txt"), 200_000, 12);
+    let job = job_into(dir.path(), "wc-cluster-kill", "type = \"file\"\npath = \"out\"");
+    let store = CheckpointStore::new(&dir.path().join("checkpoints"), "wc-cluster-kill");
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    // w1 can take the whole job alone once w2 is gone.
+    procs.0.push(worker(&c, &secret, "w1", 2, dir.path()));
+    let mut w2 = worker(&c, &secret, "w2", 1, dir.path());
+    // The event the test controls: a complete checkpoint of the two-worker attempt.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !store.list().iter().any(|l| l.status.is_ok()) {
+        assert!(c.child.try_wait().unwrap().is_none(), "the job ended before its first checkpoint");
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(c.child.try_wait().unwrap().is_none(), "the job must still run when w2 is killed");
+    w2.kill().unwrap(); // SIGKILL
+    w2.wait().unwrap();
+    let log = finish(&mut c);
+    let first = log.lines().find(|l| l.contains("attempt 1:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(first.contains("w1 (") && first.contains("w2 ("), "{first}");
+    assert!(log.contains("worker w2 (") && log.contains("is gone"), "{log}");
+    assert!(log.contains("2 attempt(s)"), "{log}");
+    // From its newest checkpoint, not from the beginning.
+    assert!(log.contains("restoring job `wc-cluster-kill` from checkpoint"), "{log}");
+    let restarted = log.lines().find(|l| l.contains("attempt 2:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(restarted.contains("w1 (") && !restarted.contains("w2 ("), "{restarted}");
+    let got = committed_lines(&dir.path().join("out"));
+    assert_eq!(got.len(), expected.len(), "line count after the kill");
+    assert!(got == expected, "committed output differs from the failure-free output");
+}
