@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, unbounded};
+use crossbeam_channel::{Receiver, Select, Sender, unbounded};
 
 use crate::cluster::pipe::{self, Incoming, PipeTx};
 use crate::cluster::protocol::{AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl};
@@ -124,19 +124,24 @@ impl Cluster {
         if let Some(n) = self.notes.pop_front() {
             return Some(n);
         }
-        match self.inbox.recv_timeout(timeout) {
-            Ok((id, Incoming::Opened(tx))) => {
-                self.pending.insert(id, tx);
-            }
-            Ok((id, Incoming::Message(m))) => self.message(id, m),
-            Ok((id, Incoming::Closed)) => {
-                self.pending.remove(&id);
-                if let Some(w) = self.workers.remove(&id) {
-                    tracing::warn!("worker {} is gone (its connection closed)", w.label());
-                    self.notes.push_back(Note::Lost(id));
+        let mut next = self.inbox.recv_timeout(timeout).map_err(|_| ());
+        // Everything already queued counts before anyone is judged silent (the coordinator
+        // may have slept through a restart delay meanwhile).
+        while let Ok((id, incoming)) = next {
+            match incoming {
+                Incoming::Opened(tx) => {
+                    self.pending.insert(id, tx);
+                }
+                Incoming::Message(m) => self.message(id, m),
+                Incoming::Closed => {
+                    self.pending.remove(&id);
+                    if let Some(w) = self.workers.remove(&id) {
+                        tracing::warn!("worker {} is gone (its connection closed)", w.label());
+                        self.notes.push_back(Note::Lost(id));
+                    }
                 }
             }
-            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+            next = self.inbox.try_recv().map_err(|_| ());
         }
         let silent: Vec<u64> = self
             .workers
@@ -263,6 +268,7 @@ impl Cluster {
                 components: components.clone(),
                 restore: a.restore.map(|c| c.path.clone()),
                 allow_non_restored_state: a.opts.allow_non_restored_state,
+                restarts: a.attempt,
                 worker_of: placement.worker_of.iter().map(|&w| peer_of(w)).collect(),
                 peers: members.iter().map(|id| self.workers[id].data_addr).collect(),
                 you: i as u32,
@@ -323,11 +329,13 @@ impl Cluster {
         let mut ready = BTreeSet::new();
         while ready.len() < members.len() {
             let failure = match self.poll(Duration::from_millis(100)) {
-                Some(Note::Message(id, ToCoordinator::Ready(n))) if n == attempt => {
+                Some(Note::Message(id, ToCoordinator::Ready(n))) if n == attempt && members.contains(&id) => {
                     ready.insert(id);
                     continue;
                 }
-                Some(Note::Message(id, ToCoordinator::DeployFailed { attempt: n, failure })) if n == attempt => {
+                Some(Note::Message(id, ToCoordinator::DeployFailed { attempt: n, failure }))
+                    if n == attempt && members.contains(&id) =>
+                {
                     if failure.setup {
                         self.cancel(attempt, members);
                         return Err(RunError::Setup {
@@ -415,14 +423,24 @@ impl Cluster {
     ) -> Vec<TaskFailure> {
         let mut ended = BTreeSet::new();
         let mut failures = Vec::new();
-        let mut cancelled = false;
+        let mut cancelled: Option<Instant> = None;
         while ended.len() < run.members.len() {
             match self.poll(Duration::from_millis(100)) {
-                Some(Note::Message(_, ToCoordinator::Event { attempt, event })) if attempt == run.attempt => {
-                    let _ = events.send(event);
+                Some(Note::Message(id, ToCoordinator::Event { attempt, event }))
+                    if attempt == run.attempt && run.members.contains(&id) =>
+                {
+                    // Only events of subtasks this worker runs reach the checkpoint coordinator.
+                    if run.runs(id, event_task(&event)) {
+                        let _ = events.send(event);
+                    } else {
+                        tracing::warn!(
+                            "worker {} sent an event for a subtask it does not run; dropped",
+                            run.labels[&id]
+                        );
+                    }
                 }
                 Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures: f, records }))
-                    if attempt == run.attempt =>
+                    if attempt == run.attempt && run.members.contains(&id) && !ended.contains(&id) =>
                 {
                     ended.insert(id);
                     for (uid, (rin, rout)) in records {
@@ -439,10 +457,23 @@ impl Cluster {
                 }
                 _ => {}
             }
-            if !failures.is_empty() && !cancelled {
-                cancelled = true;
+            if !failures.is_empty() && cancelled.is_none() {
+                cancelled = Some(Instant::now());
                 stop.store(true, Ordering::Relaxed);
                 self.cancel(run.attempt, run.members);
+            }
+            // A member that does not end its part within the heartbeat timeout of being
+            // cancelled (stuck behind a peer that stopped reading) is dropped like a lost one,
+            // so the job goes on without it.
+            if cancelled.is_some_and(|t| t.elapsed() > self.cfg.heartbeat_timeout) {
+                for &id in run.members.iter().filter(|id| !ended.contains(id)).collect::<Vec<_>>() {
+                    if let Some(w) = self.workers.remove(&id) {
+                        tracing::warn!("worker {} did not stop its subtasks when cancelled; dropping it", w.label());
+                        w.tx.close();
+                    }
+                    ended.insert(id);
+                    failures.push(lost(first_task(id), &run.labels[&id]));
+                }
             }
         }
         failures
@@ -459,12 +490,28 @@ struct Running<'a> {
 }
 
 impl Running<'_> {
+    /// Whether member `id` runs global task `task`.
+    fn runs(&self, id: u64, task: usize) -> bool {
+        self.placement.worker_of.get(task).is_some_and(|&w| self.members.get(self.peer(w)) == Some(&id))
+    }
+
     /// The member index of placement worker `w`.
     fn peer(&self, w: usize) -> usize {
         let mut used: Vec<usize> = self.placement.worker_of.clone();
         used.sort_unstable();
         used.dedup();
         used.iter().position(|&u| u == w).expect("used")
+    }
+}
+
+/// The subtask (global task index) an event is about.
+fn event_task(e: &Event) -> usize {
+    match e {
+        Event::Ack { task, .. }
+        | Event::Decline { task, .. }
+        | Event::Finished { task }
+        | Event::UpgradePrepared { task, .. }
+        | Event::UpgradeResumed { task, .. } => *task,
     }
 }
 

@@ -215,5 +215,6 @@ async fn write_frames(mut stream: h2::SendStream<Bytes>, mut rx: mpsc::Unbounded
             return;
         }
     }
-    stream.send_reset(h2::Reason::CANCEL);
+    // Ended after what was queued (a reset would discard it: a refusal's reason).
+    let _ = stream.send_data(Bytes::new(), true);
 }

@@ -118,6 +118,9 @@ pub struct Deploy {
     pub restore: Option<PathBuf>,
     /// `--allow-non-restored-state`.
     pub allow_non_restored_state: bool,
+    /// Failed attempts before this one (0: the job's first start, when an unreachable
+    /// connector refuses the job rather than failing the attempt).
+    pub restarts: u32,
     /// Per subtask of the physical plan: the index of its worker in `peers`.
     pub worker_of: Vec<u32>,
     /// Data addresses of the attempt's workers.

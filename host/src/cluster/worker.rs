@@ -80,7 +80,7 @@ pub enum WorkerError {
 struct Owned {
     job: Arc<BoundJob>,
     opts: RunOptions,
-    attempt: AttemptNo,
+    restarts: u32,
     restore: Option<LoadedCheckpoint>,
     store: Option<CheckpointStore>,
     completed: Arc<Completed>,
@@ -93,7 +93,7 @@ impl Owned {
         Attempt {
             job: &self.job,
             opts: &self.opts,
-            attempt: self.attempt as u32,
+            attempt: self.restarts,
             restore: self.restore.as_ref(),
             store: self.store.as_ref(),
             completed: &self.completed,
@@ -310,8 +310,16 @@ impl Worker {
             .map_err(|e| refuse(e, true))?;
         let store = CheckpointStore::of(&job.graph).map_err(|e| refuse(e.to_string(), true))?;
         let opts = RunOptions { allow_non_restored_state: d.allow_non_restored_state, ..RunOptions::default() };
-        let owned =
-            Arc::new(Owned { job, opts, attempt: d.attempt, restore, store, completed: Arc::default(), live, dropped });
+        let owned = Arc::new(Owned {
+            job,
+            opts,
+            restarts: d.restarts,
+            restore,
+            store,
+            completed: Arc::default(),
+            live,
+            dropped,
+        });
         let a = owned.attempt();
         let g = &a.job.graph;
         let plan = PhysicalPlan::of(g);
@@ -339,10 +347,10 @@ impl Worker {
 
     /// Opens the outgoing channels and starts the subtasks of the prepared attempt.
     fn start(&mut self, attempt: AttemptNo, tx: &PipeTx<ToCoordinator>) {
-        let Some(Current::Prepared(n, p)) = self.current.take() else { return };
-        if n != attempt {
+        if !matches!(&self.current, Some(Current::Prepared(n, _)) if *n == attempt) {
             return;
         }
+        let Some(Current::Prepared(_, p)) = self.current.take() else { return };
         let p = *p;
         let Part { tasks, controls, events_tx, events_rx, writer_rx, metrics, cancel, .. } = p.part;
         let stop = Arc::new(AtomicBool::new(false));
