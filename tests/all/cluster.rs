@@ -49,8 +49,12 @@ struct Coordinator {
 
 /// A coordinator whose job starts once `workers` workers have registered.
 fn coordinator(job: &Path, secret: &Path, workers: u32) -> Coordinator {
+    coordinator_with(job, secret, workers, 10_000)
+}
+
+fn coordinator_with(job: &Path, secret: &Path, workers: u32, heartbeat_timeout_ms: u64) -> Coordinator {
     let mut child = weir()
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--heartbeat-timeout-ms", "10000"])
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--heartbeat-timeout-ms", &heartbeat_timeout_ms.to_string()])
         .args(["--workers", &workers.to_string(), "--secret-file"])
         .arg(secret)
         .arg(job)
@@ -66,15 +70,31 @@ fn coordinator(job: &Path, secret: &Path, workers: u32) -> Coordinator {
 }
 
 fn worker(c: &Coordinator, secret: &Path, name: &str, slots: u32, home: &Path) -> Child {
-    weir()
-        .args(["worker", "--coordinator", &c.addr, "--name", name, "--slots", &slots.to_string(), "--secret-file"])
+    worker_cmd(c, secret, name, slots, home).stderr(Stdio::null()).spawn().unwrap()
+}
+
+fn worker_cmd(c: &Coordinator, secret: &Path, name: &str, slots: u32, home: &Path) -> std::process::Command {
+    let mut cmd = weir();
+    cmd.args(["worker", "--coordinator", &c.addr, "--name", name, "--slots", &slots.to_string(), "--secret-file"])
         .arg(secret)
         .arg("--dir")
         .arg(home.join(name))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// Waits until `log` has a line containing `what`.
+fn wait_for(log: &Arc<Mutex<String>>, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !log.lock().unwrap().contains(what) {
+        assert!(Instant::now() < deadline, "no `{what}` within 120 s:\n{}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(ok.success());
 }
 
 /// Waits for the coordinator to end; returns its log.
@@ -152,4 +172,38 @@ fn cluster_sigkill_of_a_worker_restarts_the_job_on_the_remaining_slots_exactly_o
     let got = committed_lines(&dir.path().join("out"));
     assert_eq!(got.len(), expected.len(), "line count after the kill");
     assert!(got == expected, "committed output differs from the failure-free output");
+}
+
+#[test]
+fn cluster_a_paused_worker_is_dropped_and_when_it_wakes_up_it_commits_nothing() {
+    let dir = scratch();
+    let expected = write_input(&dir.path().join("input.txt"), 200_000, 13);
+    let job = job_into(dir.path(), "wc-cluster-zombie", "type = \"file\"\npath = \"out\"");
+    let store = CheckpointStore::new(&dir.path().join("checkpoints"), "wc-cluster-zombie");
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let mut c = coordinator_with(&job, &secret, 2, 3000);
+    procs.0.push(worker(&c, &secret, "w1", 2, dir.path()));
+    let mut w2 = worker_cmd(&c, &secret, "w2", 1, dir.path()).stderr(Stdio::piped()).spawn().unwrap();
+    let w2_log = collect(w2.stderr.take().unwrap());
+    procs.0.push(w2);
+    let w2 = procs.0.last().unwrap();
+    while !store.list().iter().any(|l| l.status.is_ok()) {
+        assert!(c.child.try_wait().unwrap().is_none(), "the job ended before its first checkpoint");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Paused, not dead: its connections stay open, only its heartbeats stop.
+    signal(w2, "-STOP");
+    let log = finish(&mut c);
+    assert!(log.contains("worker w2 (") && log.contains("heartbeat timeout"), "{log}");
+    let restarted = log.lines().find(|l| l.contains("attempt 2:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(restarted.contains("w1 (") && !restarted.contains("w2 ("), "{restarted}");
+    let got = committed_lines(&dir.path().join("out"));
+    assert!(got == expected, "committed output differs from the failure-free output");
+    // The zombie wakes up with the old attempt's subtasks mid-flight: it must find itself cut
+    // off and cancel them without touching the committed output.
+    signal(w2, "-CONT");
+    wait_for(&w2_log, "lost the coordinator");
+    wait_for(&w2_log, "waiting for the coordinator");
+    assert!(committed_lines(&dir.path().join("out")) == expected, "the woken worker changed the committed output");
 }

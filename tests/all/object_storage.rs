@@ -75,9 +75,13 @@ fn cluster_s3_a_new_process_with_no_local_files_restores_from_the_object_store_e
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(kill_after_checkpoint(&mut child, &local, newest, 0), "the restored job ended before it was killed");
+    // Killed again after its next checkpoint, unless the rest of the input was too short for
+    // that on a loaded machine (the first kill's moment depends on the machine's speed): then
+    // it must have finished cleanly, and the last restore below only commits.
+    let killed = kill_after_checkpoint(&mut child, &local, newest, 0);
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(killed || child.wait().unwrap().success(), "the restored job failed: {stderr}");
     assert!(stderr.contains(&format!("restoring job `wc-s3` from checkpoint {newest}")), "{stderr}");
     let newest = local.list().iter().filter(|l| l.status.is_ok()).map(|l| l.id).max().unwrap();
     std::fs::remove_dir_all(&staging).unwrap();

@@ -370,7 +370,7 @@ impl Worker {
             let a = owned.attempt();
             let g = &a.job.graph;
             let mut failures = Vec::new();
-            let forwarders = match open_outgoing(g, &plan, outgoing, &worker_of, &peers, attempt, &secret) {
+            let forwarders = match open_outgoing(g, &plan, outgoing, &worker_of, &peers, attempt, &secret, &cancel2) {
                 Ok(f) => f,
                 Err(message) => {
                     let task = TaskId { node: NodeId::new("-"), subtask: SubtaskIndex(0) };
@@ -407,7 +407,10 @@ impl Worker {
 }
 
 /// Opens every outgoing channel on the data plane and forwards its local queue into it
-/// (one thread per channel; it ends when the sending subtask drops its end, or the peer goes).
+/// (one thread per channel; it ends when the sending subtask drops its end, the peer goes, or
+/// the attempt is cancelled: then its sending subtask, blocked on a full queue, sees a
+/// disconnect and exits).
+#[allow(clippy::too_many_arguments)]
 fn open_outgoing(
     g: &crate::graph::logical::JobGraph,
     plan: &PhysicalPlan,
@@ -416,6 +419,7 @@ fn open_outgoing(
     peers: &[SocketAddr],
     attempt: AttemptNo,
     secret: &str,
+    cancel: &Arc<AtomicBool>,
 ) -> Result<Vec<JoinHandle<()>>, String> {
     let mut links: HashMap<u32, Outbound> = HashMap::new();
     let mut threads = Vec::new();
@@ -429,9 +433,10 @@ fn open_outgoing(
         let sender = links[&peer]
             .open(ChannelKey { attempt, channel: ci as u64 }, g.channel_capacity)
             .map_err(|e| e.to_string())?;
+        let cancel = cancel.clone();
         threads.push(std::thread::spawn(move || {
             for m in rx {
-                if sender.send(m).is_err() {
+                if sender.send_unless(m, &cancel).is_err() {
                     break;
                 }
             }

@@ -295,6 +295,22 @@ impl RemoteSender {
     pub fn send(&self, m: Message) -> Result<(), Disconnected> {
         self.tx.blocking_send(m).map_err(|_| Disconnected)
     }
+
+    /// [`send`](Self::send), giving up once `cancel` is set: a peer that stopped reading
+    /// (paused, partitioned) must not hold the sender past its attempt's cancellation.
+    pub fn send_unless(&self, mut m: Message, cancel: &std::sync::atomic::AtomicBool) -> Result<(), Disconnected> {
+        use tokio::sync::mpsc::error::SendTimeoutError;
+        loop {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Disconnected);
+            }
+            match io_runtime().block_on(self.tx.send_timeout(m, Duration::from_millis(50))) {
+                Ok(()) => return Ok(()),
+                Err(SendTimeoutError::Timeout(back)) => m = back,
+                Err(SendTimeoutError::Closed(_)) => return Err(Disconnected),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
