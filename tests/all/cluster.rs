@@ -207,3 +207,11 @@ fn cluster_a_paused_worker_is_dropped_and_when_it_wakes_up_it_commits_nothing() 
     wait_for(&w2_log, "waiting for the coordinator");
     assert!(committed_lines(&dir.path().join("out")) == expected, "the woken worker changed the committed output");
 }
+
+/// `examples/cluster/run.sh` runs the wordcount example over a coordinator and two workers and
+/// checks its output against `expected/`.
+#[test]
+fn cluster_example_runs_the_wordcount_over_two_workers() {
+    let out = crate::support::example_script("examples/cluster/run.sh");
+    assert!(out.contains("cluster: out/ equals expected/"), "{out}");
+}
