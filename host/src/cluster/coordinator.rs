@@ -244,7 +244,9 @@ impl Cluster {
             .map_err(|e| RunError::Setup { job: g.name.clone(), message: e.to_string() })?;
         // The attempt's workers, numbered as the deployment names them.
         let used: Vec<usize> = (0..ids.len()).filter(|w| placement.worker_of.contains(w)).collect();
-        let peer_of = |w: usize| used.iter().position(|&u| u == w).expect("used") as u32;
+        // Per global task: the index in `members` of the worker that runs it.
+        let worker_of: Vec<u32> =
+            placement.worker_of.iter().map(|w| used.iter().position(|u| u == w).expect("used") as u32).collect();
         let attempt = self.next_attempt;
         self.next_attempt += 1;
         let members: Vec<u64> = used.iter().map(|&w| ids[w]).collect();
@@ -269,7 +271,7 @@ impl Cluster {
                 restore: a.restore.map(|c| c.path.clone()),
                 allow_non_restored_state: a.opts.allow_non_restored_state,
                 restarts: a.attempt,
-                worker_of: placement.worker_of.iter().map(|&w| peer_of(w)).collect(),
+                worker_of: worker_of.clone(),
                 peers: members.iter().map(|id| self.workers[id].data_addr).collect(),
                 you: i as u32,
             };
@@ -285,14 +287,14 @@ impl Cluster {
         );
         let first_task = |id: u64| {
             let w = members.iter().position(|&m| m == id).expect("member");
-            let si = placement.worker_of.iter().position(|&x| peer_of(x) as usize == w).unwrap_or(0);
+            let si = worker_of.iter().position(|&x| x as usize == w).unwrap_or(0);
             let s = &plan.subtasks[si];
             TaskId { node: g.nodes[s.node].id.clone(), subtask: SubtaskIndex(s.subtask) }
         };
         if let Some(end) = self.await_ready(a, attempt, &members, &labels, &first_task)? {
             return Ok(end);
         }
-        let run = Running { attempt, members: &members, labels: &labels, placement: &placement, plan: &plan };
+        let run = Running { attempt, members: &members, labels: &labels, worker_of: &worker_of, plan: &plan };
         self.follow(a, &run, &first_task)
     }
 
@@ -388,10 +390,10 @@ impl Cluster {
             Some(store) => {
                 let mut controls = Vec::new();
                 let mut routes = Vec::new();
-                for (si, &w) in run.placement.worker_of.iter().enumerate() {
+                for (si, &w) in run.worker_of.iter().enumerate() {
                     let (tx, rx) = unbounded::<Control>();
                     controls.push(tx);
-                    let member = run.members[run.peer(w)];
+                    let member = run.members[w as usize];
                     routes.push((rx, si as u64, self.workers.get(&member).map(|c| c.tx.clone())));
                 }
                 let attempt = run.attempt;
@@ -485,22 +487,15 @@ struct Running<'a> {
     attempt: AttemptNo,
     members: &'a [u64],
     labels: &'a BTreeMap<u64, String>,
-    placement: &'a Placement,
+    /// Per global task: the index in `members` of its worker.
+    worker_of: &'a [u32],
     plan: &'a PhysicalPlan,
 }
 
 impl Running<'_> {
     /// Whether member `id` runs global task `task`.
     fn runs(&self, id: u64, task: usize) -> bool {
-        self.placement.worker_of.get(task).is_some_and(|&w| self.members.get(self.peer(w)) == Some(&id))
-    }
-
-    /// The member index of placement worker `w`.
-    fn peer(&self, w: usize) -> usize {
-        let mut used: Vec<usize> = self.placement.worker_of.clone();
-        used.sort_unstable();
-        used.dedup();
-        used.iter().position(|&u| u == w).expect("used")
+        self.worker_of.get(task).is_some_and(|&w| self.members.get(w as usize) == Some(&id))
     }
 }
 
