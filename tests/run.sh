@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Runs Weir's whole test suite on a fresh machine: installs the WebAssembly target, checks
 # formatting and lints, then runs every test (the tests build the guest components they use;
-# C, JavaScript and Python guests install their toolchains with apt-get / npm / pip on first use).
+# C, JavaScript and Python guests install their toolchains with apt-get / npm / pip on first use;
+# servers (PostgreSQL, etcd, Chromium) are installed with apt-get on first use too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 rustup target add wasm32-unknown-unknown wasm32-wasip2 >/dev/null
+# The etcd client's build compiles etcd's protobuf definitions: protoc and its well-known types.
+if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends protobuf-compiler libprotobuf-dev >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends protobuf-compiler libprotobuf-dev >/dev/null; }
+fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export RUST_BACKTRACE=0
 

@@ -16,7 +16,7 @@ use crate::support::{committed_lines, scratch, weir};
 
 /// Child processes killed when the test ends, whatever happens.
 #[derive(Default)]
-struct Procs(Vec<Child>);
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -28,7 +28,7 @@ impl Drop for Procs {
 }
 
 /// What a process wrote to stderr so far.
-fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+pub(crate) fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
     let log = Arc::new(Mutex::new(String::new()));
     let l = log.clone();
     std::thread::spawn(move || {
@@ -84,7 +84,7 @@ fn worker_cmd(c: &Coordinator, secret: &Path, name: &str, slots: u32, home: &Pat
 }
 
 /// Waits until `log` has a line containing `what`.
-fn wait_for(log: &Arc<Mutex<String>>, what: &str) {
+pub(crate) fn wait_for(log: &Arc<Mutex<String>>, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !log.lock().unwrap().contains(what) {
         assert!(Instant::now() < deadline, "no `{what}` within 120 s:\n{}", log.lock().unwrap());
@@ -92,7 +92,7 @@ fn wait_for(log: &Arc<Mutex<String>>, what: &str) {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
+pub(crate) fn signal(child: &Child, sig: &str) {
     let ok = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
     assert!(ok.success());
 }
@@ -112,7 +112,7 @@ fn finish(c: &mut Coordinator) -> String {
     }
 }
 
-fn secret(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn secret(dir: &Path) -> std::path::PathBuf {
     let p = dir.join("secret");
     std::fs::write(&p, "0123456789abcdef0123456789abcdef\n").unwrap();
     p
@@ -204,7 +204,7 @@ fn cluster_a_paused_worker_is_dropped_and_when_it_wakes_up_it_commits_nothing() 
     // off and cancel them without touching the committed output.
     signal(w2, "-CONT");
     wait_for(&w2_log, "lost the coordinator");
-    wait_for(&w2_log, "waiting for the coordinator");
+    wait_for(&w2_log, "waiting for a coordinator");
     assert!(committed_lines(&dir.path().join("out")) == expected, "the woken worker changed the committed output");
 }
 
@@ -214,4 +214,39 @@ fn cluster_a_paused_worker_is_dropped_and_when_it_wakes_up_it_commits_nothing() 
 fn cluster_example_runs_the_wordcount_over_two_workers() {
     let out = crate::support::example_script("examples/cluster/run.sh");
     assert!(out.contains("cluster: out/ equals expected/"), "{out}");
+}
+
+/// A worker with another secret is refused at the door and exits with an error that says so;
+/// a client speaking another protocol version is refused with the reason.
+#[test]
+fn cluster_a_worker_with_a_wrong_secret_or_protocol_is_refused_with_a_clear_error() {
+    use weir::cluster::protocol::{PROTOCOL_VERSION, ToCoordinator, ToWorker};
+    let dir = scratch();
+    write_input(&dir.path().join("input.txt"), 100, 14);
+    let job = job_into(dir.path(), "wc-cluster-refused", "type = \"file\"\npath = \"out\"");
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let c = coordinator(&job, &secret, 1);
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "fedcba9876543210fedcba9876543210\n").unwrap();
+    let out = worker_cmd(&c, &wrong, "intruder", 1, dir.path()).stderr(Stdio::piped()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("refused the cluster secret") && err.contains("intruder"), "{err}");
+
+    let addr = c.addr.parse().unwrap();
+    let text = std::fs::read_to_string(&secret).unwrap();
+    let (tx, rx) = weir::cluster::pipe::connect::<ToWorker, ToCoordinator>(addr, text.trim()).unwrap();
+    let register = ToCoordinator::Register {
+        name: "future".into(),
+        data_addr: "127.0.0.1:9".parse().unwrap(),
+        slots: 1,
+        protocol: PROTOCOL_VERSION + 1,
+    };
+    tx.send(&register).unwrap();
+    match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+        ToWorker::Refused(why) => assert!(why.contains("protocol") && why.contains("same weir version"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    procs.0.push(c.child);
 }

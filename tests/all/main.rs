@@ -5,9 +5,11 @@
 
 mod boundary;
 mod cluster;
+mod cluster_ha;
 mod connectors;
 mod cycles;
 mod errors;
+mod etcd;
 mod exactly_once;
 mod examples;
 mod kafka;

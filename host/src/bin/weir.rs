@@ -215,12 +215,27 @@ enum Command {
         /// Drop restored state that no operator claims.
         #[arg(long)]
         allow_non_restored_state: bool,
+        /// High availability: etcd endpoints (`http://HOST:PORT`, comma-separated). The
+        /// coordinators of one `--cluster` elect a leader; the others wait as standbys and take
+        /// over the job from its newest checkpoint when the leader is gone.
+        #[arg(long, value_delimiter = ',')]
+        etcd: Vec<String>,
+        /// The cluster's name in etcd (with --etcd).
+        #[arg(long, default_value = "weir")]
+        cluster: String,
+        /// With --etcd: a leader that stops renewing its lease is replaced after this long.
+        #[arg(long, default_value_t = 10)]
+        lease_ttl_secs: u64,
     },
     /// Run subtasks for a coordinator (`weir coordinator`) in a number of slots.
     Worker {
-        /// The coordinator's address.
+        /// The coordinators' addresses (HOST:PORT), comma-separated (it follows whichever
+        /// leads).
         #[arg(long)]
         coordinator: String,
+        /// The IP:port peers open channels to, when --listen is `0.0.0.0:PORT`.
+        #[arg(long)]
+        advertise: Option<String>,
         /// Slices of a job this worker runs.
         #[arg(long, default_value_t = 1)]
         slots: u32,
@@ -422,12 +437,10 @@ fn real_main(cli: Cli) -> Result<()> {
             workers,
             restore,
             allow_non_restored_state,
+            etcd,
+            cluster,
+            lease_ttl_secs,
         } => {
-            let text = std::fs::read_to_string(&job).with_context(|| format!("reading {}", job.display()))?;
-            let graph = job::parse(&job, &text)?;
-            let engine =
-                new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
-            let bound = job::bind::bind(&engine, graph)?;
             let cfg = weir::cluster::coordinator::CoordinatorConfig {
                 listen: listen.parse().with_context(|| format!("--listen {listen}: not an address"))?,
                 secret: cluster_secret(secret_file.as_deref())?,
@@ -435,22 +448,24 @@ fn real_main(cli: Cli) -> Result<()> {
                 heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
                 slot_wait: Duration::from_secs(slot_wait_secs),
                 min_workers: workers,
+                epoch: 0,
             };
-            let mut cluster = weir::cluster::coordinator::Cluster::start(cfg)
-                .with_context(|| format!("cannot listen on {listen} for workers"))?;
-            println!("listening on {}", cluster.addr());
-            let source = weir::cluster::coordinator::JobSource { path: job.clone(), text };
-            let mut run = |b: &job::bind::BoundJob, o: &RunOptions| cluster.run(b, &source, o);
-            run_job(&bound, 0.0, false, restore, None, allow_non_restored_state, None, None, Some(&mut run))
+            let ha = (!etcd.is_empty()).then(|| weir::cluster::ha::HaConfig {
+                endpoints: etcd,
+                cluster,
+                lease_ttl: Duration::from_secs(lease_ttl_secs),
+            });
+            run_coordinator(&job, cfg, ha, restore, allow_non_restored_state)
         }
-        Command::Worker { coordinator, slots, listen, secret_file, name, dir } => {
+        Command::Worker { coordinator, advertise, slots, listen, secret_file, name, dir } => {
             let name = name.unwrap_or_else(|| format!("worker-{}", std::process::id()));
             let engine =
                 new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
             let cfg = weir::cluster::worker::WorkerConfig {
-                coordinator: coordinator
-                    .parse()
-                    .with_context(|| format!("--coordinator {coordinator}: not an address"))?,
+                coordinators: coordinator.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect(),
+                advertise: advertise
+                    .map(|a| a.parse().with_context(|| format!("--advertise {a}: not an IP:port")))
+                    .transpose()?,
                 secret: cluster_secret(secret_file.as_deref())?,
                 slots,
                 data_listen: listen.parse().with_context(|| format!("--listen {listen}: not an address"))?,
@@ -829,6 +844,69 @@ fn client(server: &Option<Remote>, job: &str) -> Result<(Client, String)> {
     Ok((Client::new(&e.addr, &e.token), e.job))
 }
 
+/// `weir coordinator`: with `ha`, first becomes its cluster's leader and takes the job and its
+/// newest checkpoint from etcd (storing the job file given here if etcd has none).
+fn run_coordinator(
+    job: &std::path::Path,
+    mut cfg: weir::cluster::coordinator::CoordinatorConfig,
+    ha: Option<weir::cluster::ha::HaConfig>,
+    mut restore: Option<String>,
+    allow_non_restored_state: bool,
+) -> Result<()> {
+    use weir::cluster::ha::{Leadership, StoredJob};
+    let text = std::fs::read_to_string(job).with_context(|| format!("reading {}", job.display()))?;
+    let mut source = weir::cluster::coordinator::JobSource { path: job.to_path_buf(), text };
+    let leader = match ha {
+        Some(h) => Some(std::sync::Arc::new(Leadership::campaign(h, &cfg.listen.to_string())?)),
+        None => None,
+    };
+    if let Some(l) = &leader {
+        if l.finished()? {
+            println!("the cluster's job has already run to its end; nothing to do");
+            return Ok(());
+        }
+        match l.job()? {
+            Some(stored) => {
+                if stored.text != source.text {
+                    tracing::warn!(
+                        "the cluster already runs the job of {} (stored in etcd); {} is ignored",
+                        stored.path.display(),
+                        job.display()
+                    );
+                }
+                source = weir::cluster::coordinator::JobSource { path: stored.path, text: stored.text };
+            }
+            None => l.store_job(&StoredJob { path: source.path.clone(), text: source.text.clone() })?,
+        }
+        if let Some(chk) = l.checkpoint()? {
+            tracing::info!("taking over from checkpoint {}", chk.display());
+            restore = Some(chk.to_string_lossy().into_owned());
+        }
+        cfg.epoch = l.epoch();
+    }
+    let graph = job::parse(&source.path, &source.text)?;
+    let engine = new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
+    let bound = job::bind::bind(&engine, graph)?;
+    let listen = cfg.listen;
+    let mut cluster = weir::cluster::coordinator::Cluster::start(cfg)
+        .with_context(|| format!("cannot listen on {listen} for workers"))?;
+    println!("listening on {}", cluster.addr());
+    let gate = leader.clone().map(|l| {
+        weir::runtime::driver::PublishGate(std::sync::Arc::new(move |_, path: &std::path::Path| {
+            l.record_checkpoint(path).map_err(|e| e.to_string())
+        }))
+    });
+    let mut run = |b: &job::bind::BoundJob, o: &RunOptions| {
+        let o = RunOptions { gate: gate.clone(), ..o.clone() };
+        cluster.run(b, &source, &o)
+    };
+    run_job(&bound, 0.0, false, restore, None, allow_non_restored_state, None, None, Some(&mut run))?;
+    if let Some(l) = &leader {
+        l.mark_finished()?;
+    }
+    Ok(())
+}
+
 /// Runs a job on a cluster instead of in this process.
 type ClusterRun<'a> =
     dyn FnMut(&job::bind::BoundJob, &RunOptions) -> Result<executor::RunSummary, weir::runtime::error::RunError> + 'a;
@@ -890,6 +968,7 @@ fn run_job(
             cpu_group: None,
             hold_input: None,
             disk_budget: None,
+            gate: None,
         };
         let started_unix_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);

@@ -181,6 +181,15 @@ impl CheckpointStore {
         self.root.join(format!("chk-{}", id.0))
     }
 
+    /// Where checkpoint `id` lives for good: its `s3://` URL when mirrored to object storage,
+    /// else its local directory (both restore with `--restore`).
+    pub fn durable_path(&self, id: CheckpointId) -> PathBuf {
+        match &self.remote {
+            Some(r) => PathBuf::from(format!("{}/chk-{id}", r.url())),
+            None => self.chk_dir(id),
+        }
+    }
+
     /// Starts the state file `file` of checkpoint `id` (key groups are appended as they come,
     /// see [`crate::checkpoint::snapshot::StateFileWriter`]).
     pub fn begin_state(&self, id: CheckpointId, file: &str) -> std::io::Result<AtomicFile> {

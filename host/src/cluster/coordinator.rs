@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Select, Sender, unbounded};
 
 use crate::cluster::pipe::{self, Incoming, PipeTx};
-use crate::cluster::protocol::{AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl};
+use crate::cluster::protocol::{
+    AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl, attempt_base,
+};
 use crate::graph::physical::PhysicalPlan;
 use crate::graph::placement::Placement;
 use crate::ids::{SubtaskIndex, TaskId};
@@ -48,6 +50,9 @@ pub struct CoordinatorConfig {
     /// The first attempt waits for this many workers (so a job spreads over the cluster
     /// being started, not over its first worker); restarts need only enough slots.
     pub min_workers: usize,
+    /// The leader epoch (`cluster/ha.rs`; 0 without high availability): attempt numbers
+    /// start at [`attempt_base`] of it.
+    pub epoch: u64,
 }
 
 /// The job file a job was loaded from (workers parse the same text).
@@ -97,13 +102,13 @@ impl Cluster {
         let (tx, inbox) = unbounded();
         let addr = pipe::listen(cfg.listen, &cfg.secret, tx)?;
         Ok(Cluster {
-            cfg,
             addr,
             inbox,
             pending: BTreeMap::new(),
             workers: BTreeMap::new(),
             notes: VecDeque::new(),
-            next_attempt: 1,
+            next_attempt: attempt_base(cfg.epoch),
+            cfg,
         })
     }
 
@@ -188,7 +193,15 @@ impl Cluster {
         if slots == 0 {
             return refuse("it offers no slots; start it with --slots 1 or more".into());
         }
-        let _ = tx.send(&ToWorker::Welcome { heartbeat_ms: self.cfg.heartbeat.as_millis() as u64 });
+        let _ =
+            tx.send(&ToWorker::Welcome { heartbeat_ms: self.cfg.heartbeat.as_millis() as u64, epoch: self.cfg.epoch });
+        let (beat, every) = (tx.clone(), self.cfg.heartbeat);
+        // Until the connection is gone: the worker leaves a coordinator it no longer hears.
+        std::thread::spawn(move || {
+            while beat.send(&ToWorker::Heartbeat).is_ok() {
+                std::thread::sleep(every);
+            }
+        });
         tracing::info!("worker `{name}` registered: {slots} slot(s), channels on {data_addr}");
         let w = WorkerConn { name, data_addr, slots, tx, last_seen: Instant::now(), shipped: HashSet::new() };
         self.workers.insert(id, w);
@@ -198,7 +211,7 @@ impl Cluster {
     fn wait_for_slots(&mut self, job: &str, needed: u32) -> Result<(), RunError> {
         let deadline = Instant::now() + self.cfg.slot_wait;
         let mut said = false;
-        let workers = if self.next_attempt == 1 { self.cfg.min_workers } else { 0 };
+        let workers = if self.next_attempt == attempt_base(self.cfg.epoch) { self.cfg.min_workers } else { 0 };
         loop {
             let have: u32 = self.workers.values().map(|w| w.slots).sum();
             if have >= needed && self.workers.len() >= workers {

@@ -4,6 +4,7 @@
 //! workers over the data plane (`runtime/net/`).
 
 pub mod coordinator;
+pub mod ha;
 pub mod pipe;
 pub mod protocol;
 pub mod worker;

@@ -139,12 +139,26 @@ where
     }
 }
 
+/// How long connecting to a coordinator may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why a connection to the coordinator could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The coordinator answered and refused: retrying will not help.
+    #[error("{0}")]
+    Refused(String),
+    /// Not reachable (not running, not leading, or not answering): worth retrying.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
 /// Connects to the coordinator at `addr`; its messages arrive on the returned receiver, which
 /// disconnects when the connection ends.
 pub fn connect<In, Out>(
     addr: SocketAddr,
     secret: &str,
-) -> Result<(PipeTx<Out>, crossbeam_channel::Receiver<In>), String>
+) -> Result<(PipeTx<Out>, crossbeam_channel::Receiver<In>), ConnectError>
 where
     In: DeserializeOwned + Send + 'static,
     Out: Serialize + Send + 'static,
@@ -154,27 +168,39 @@ where
         .uri(format!("http://{addr}/control"))
         .header("weir-secret", secret)
         .body(())
-        .map_err(|e| e.to_string())?;
-    let (send, body) = io_runtime().block_on(async move {
-        let sock = TcpStream::connect(addr).await.map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        .map_err(|e| ConnectError::Refused(e.to_string()))?;
+    // A paused coordinator's kernel still accepts the connection: the handshake must not
+    // wait for it forever.
+    let handshake = async move {
+        let sock = TcpStream::connect(addr)
+            .await
+            .map_err(|e| ConnectError::Unreachable(format!("cannot connect to {addr}: {e}")))?;
         let _ = sock.set_nodelay(true);
         let (send, conn) = h2::client::Builder::new()
             .initial_window_size(WINDOW)
             .initial_connection_window_size(WINDOW)
             .handshake::<_, Bytes>(sock)
             .await
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|e| ConnectError::Unreachable(format!("{addr}: {e}")))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        let mut send = send.ready().await.map_err(|e| format!("{addr}: {e}"))?;
-        let (response, stream) = send.send_request(request, false).map_err(|e| format!("{addr}: {e}"))?;
-        let response = response.await.map_err(|e| format!("{addr}: {e}"))?;
+        let mut send = send.ready().await.map_err(|e| ConnectError::Unreachable(format!("{addr}: {e}")))?;
+        let (response, stream) =
+            send.send_request(request, false).map_err(|e| ConnectError::Unreachable(format!("{addr}: {e}")))?;
+        let response = response.await.map_err(|e| ConnectError::Unreachable(format!("{addr}: {e}")))?;
         match response.status().as_u16() {
             200 => Ok((stream, response.into_body())),
-            403 => Err(format!("{addr} refused the cluster secret")),
-            s => Err(format!("{addr} answered {s}")),
+            403 => Err(ConnectError::Refused(format!(
+                "the coordinator at {addr} refused the cluster secret; give every member the same --secret-file"
+            ))),
+            s => Err(ConnectError::Unreachable(format!("{addr} answered {s}"))),
         }
+    };
+    let (send, body) = io_runtime().block_on(async move {
+        tokio::time::timeout(CONNECT_TIMEOUT, handshake).await.unwrap_or_else(|_| {
+            Err(ConnectError::Unreachable(format!("{addr} did not answer within {} s", CONNECT_TIMEOUT.as_secs())))
+        })
     })?;
     let (tx, rx) = pipe::<Out>();
     io_runtime().spawn(write_frames(send, rx));

@@ -18,13 +18,20 @@ use crate::runtime::control::{Control, Event};
 use crate::runtime::error::TaskFailure;
 
 /// Bumped when a message changes; a worker of another version is refused at registration.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest message (a component is shipped in one).
 pub const MAX_MESSAGE: usize = 256 << 20;
 
-/// An attempt of the job, numbered by the coordinator (restarts increase it).
+/// An attempt of the job, numbered by the coordinator (restarts increase it): the leader's
+/// epoch in the high bits ([`attempt_base`]), so every attempt of a later leader outranks
+/// every attempt of an earlier one and workers' fences hold across leader changes.
 pub type AttemptNo = u64;
+
+/// The first attempt number of a leader of `epoch` (0 without high availability).
+pub fn attempt_base(epoch: u64) -> AttemptNo {
+    (epoch << 24) + 1
+}
 
 /// Worker → coordinator.
 #[derive(Debug, Serialize, Deserialize)]
@@ -74,9 +81,15 @@ pub enum ToCoordinator {
 pub enum ToWorker {
     /// Registration accepted.
     Welcome {
-        /// Send a heartbeat this often.
+        /// Send a heartbeat this often; the coordinator sends one as often, and a worker that
+        /// hears nothing for five of them leaves it (a paused or cut-off coordinator).
         heartbeat_ms: u64,
+        /// The coordinator's leader epoch (0 without high availability): a worker never
+        /// follows a coordinator of an older epoch than one it followed before.
+        epoch: u64,
     },
+    /// Alive (sent every heartbeat interval).
+    Heartbeat,
     /// Registration refused: the worker should exit with this message.
     Refused(String),
     /// A component the worker will need, by its SHA-256 (sent once per connection).

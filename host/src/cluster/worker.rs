@@ -12,12 +12,12 @@
 //! shipped under.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use wasmtime::Engine;
@@ -43,14 +43,18 @@ use crate::sandbox::instance::sha256_hex;
 pub struct WorkerConfig {
     /// Name in logs and errors.
     pub name: String,
-    /// The coordinator's control address.
-    pub coordinator: SocketAddr,
+    /// The coordinators' control addresses: the worker registers with whichever leads
+    /// (standbys do not listen), trying them in turn.
+    pub coordinators: Vec<String>,
     /// The cluster secret.
     pub secret: String,
     /// Slices of a job it runs.
     pub slots: u32,
     /// Where peers open channels to it.
     pub data_listen: SocketAddr,
+    /// The address peers are told to use (default: the bound one; needed when listening on
+    /// `0.0.0.0`, e.g. the pod's IP on Kubernetes).
+    pub advertise: Option<SocketAddr>,
     /// Where shipped components are kept.
     pub dir: PathBuf,
 }
@@ -130,30 +134,62 @@ struct Worker {
     cfg: WorkerConfig,
     engine: Engine,
     inbound: Inbound,
+    /// Where peers reach `inbound`.
+    data_addr: SocketAddr,
     jobs: HashMap<String, Arc<BoundJob>>,
     current: Option<Current>,
+    /// The newest leader epoch followed.
+    epoch: u64,
 }
 
 /// Runs the worker until the coordinator refuses it; reconnects whenever the coordinator
 /// goes away.
 pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
     let setup = |message: String| WorkerError::Setup { name: cfg.name.clone(), message };
+    if cfg.coordinators.is_empty() {
+        return Err(setup("give the coordinators' addresses: --coordinator HOST:PORT[,HOST:PORT]".into()));
+    }
     std::fs::create_dir_all(cfg.dir.join("components"))
         .map_err(|e| setup(format!("cannot create {}: {e}", cfg.dir.display())))?;
     let inbound = Inbound::bind(cfg.data_listen, &cfg.secret)
         .map_err(|e| setup(format!("cannot listen on {} for channels: {e}", cfg.data_listen)))?;
-    tracing::info!("worker `{}`: {} slot(s), channels on {}", cfg.name, cfg.slots, inbound.addr());
-    let mut w = Worker { cfg, engine, inbound, jobs: HashMap::new(), current: None };
+    let data_addr = match cfg.advertise {
+        Some(a) => a,
+        None if inbound.addr().ip().is_unspecified() => {
+            return Err(setup(format!(
+                "--listen {} is not an address peers can reach; add --advertise IP:{}",
+                cfg.data_listen,
+                inbound.addr().port()
+            )));
+        }
+        None => inbound.addr(),
+    };
+    tracing::info!("worker `{}`: {} slot(s), channels on {data_addr}", cfg.name, cfg.slots);
+    let mut w = Worker { cfg, engine, inbound, data_addr, jobs: HashMap::new(), current: None, epoch: 0 };
     let mut announced = false;
-    loop {
-        match pipe::connect::<ToWorker, ToCoordinator>(w.cfg.coordinator, &w.cfg.secret) {
+    for name in w.cfg.coordinators.clone().into_iter().cycle() {
+        // Resolved at every try: a coordinator's name may move (a Kubernetes pod restarted).
+        let resolved = name.to_socket_addrs().map(|mut a| a.next());
+        let Ok(Some(at)) = resolved else {
+            if !announced {
+                tracing::info!("worker `{}`: waiting for a coordinator ({name} does not resolve)", w.cfg.name);
+                announced = true;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            continue;
+        };
+        match pipe::connect::<ToWorker, ToCoordinator>(at, &w.cfg.secret) {
             Ok((tx, rx)) => {
                 announced = false;
-                w.session(&tx, &rx)?;
-                tracing::warn!("worker `{}`: lost the coordinator at {}; reconnecting", w.cfg.name, w.cfg.coordinator);
+                if w.session(at, &tx, &rx)? {
+                    tracing::warn!("worker `{}`: lost the coordinator at {at}; reconnecting", w.cfg.name);
+                }
+            }
+            Err(pipe::ConnectError::Refused(why)) => {
+                return Err(WorkerError::Refused { name: w.cfg.name.clone(), why });
             }
             Err(e) if !announced => {
-                tracing::info!("worker `{}`: waiting for the coordinator ({e})", w.cfg.name);
+                tracing::info!("worker `{}`: waiting for a coordinator ({at}: {e})", w.cfg.name);
                 announced = true;
             }
             Err(_) => {}
@@ -162,30 +198,64 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         w.end_current();
         std::thread::sleep(Duration::from_millis(300));
     }
+    unreachable!("the coordinator list is not empty")
 }
 
 impl Worker {
-    /// Serves one connection to the coordinator until it ends.
-    fn session(&mut self, tx: &PipeTx<ToCoordinator>, rx: &Receiver<ToWorker>) -> Result<(), WorkerError> {
+    /// Serves one connection to the coordinator at `at` until it ends, or the coordinator is
+    /// silent for five of its heartbeats, or it is of an older epoch than one followed before
+    /// (a deposed leader). `true` if it was followed.
+    fn session(
+        &mut self,
+        at: SocketAddr,
+        tx: &PipeTx<ToCoordinator>,
+        rx: &Receiver<ToWorker>,
+    ) -> Result<bool, WorkerError> {
         let register = ToCoordinator::Register {
             name: self.cfg.name.clone(),
-            data_addr: self.inbound.addr(),
+            data_addr: self.data_addr,
             slots: self.cfg.slots,
             protocol: PROTOCOL_VERSION,
         };
         if tx.send(&register).is_err() {
-            return Ok(());
+            return Ok(false);
         }
         let alive = Arc::new(AtomicBool::new(true));
         let _guard = Alive(alive.clone());
+        let mut last_heard = Instant::now();
+        let mut silence = Duration::from_secs(30);
+        let mut welcomed = false;
         loop {
             let m = match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) if last_heard.elapsed() > silence => {
+                    tracing::warn!(
+                        "worker `{}`: the coordinator at {at} sent nothing for {} ms; leaving it",
+                        self.cfg.name,
+                        silence.as_millis()
+                    );
+                    tx.close();
+                    return Ok(welcomed);
+                }
                 Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                Err(RecvTimeoutError::Disconnected) => return Ok(welcomed),
             };
+            last_heard = Instant::now();
             match m {
-                ToWorker::Welcome { heartbeat_ms } => {
+                ToWorker::Heartbeat => {}
+                ToWorker::Welcome { epoch, .. } if epoch < self.epoch => {
+                    tracing::warn!(
+                        "worker `{}`: the coordinator at {at} leads epoch {epoch}, older than epoch {} this worker followed; it was deposed, ignoring it",
+                        self.cfg.name,
+                        self.epoch
+                    );
+                    tx.close();
+                    return Ok(false);
+                }
+                ToWorker::Welcome { heartbeat_ms, epoch } => {
+                    self.epoch = epoch;
+                    welcomed = true;
+                    silence = Duration::from_millis(heartbeat_ms.max(10) * 5);
                     let (tx, alive) = (tx.clone(), alive.clone());
                     std::thread::spawn(move || {
                         while alive.load(Ordering::Relaxed) && tx.send(&ToCoordinator::Heartbeat).is_ok() {
@@ -193,9 +263,8 @@ impl Worker {
                         }
                     });
                     tracing::info!(
-                        "worker `{}`: registered with the coordinator at {}",
-                        self.cfg.name,
-                        self.cfg.coordinator
+                        "worker `{}`: registered with the coordinator at {at} (epoch {epoch})",
+                        self.cfg.name
                     );
                 }
                 ToWorker::Refused(why) => return Err(WorkerError::Refused { name: self.cfg.name.clone(), why }),

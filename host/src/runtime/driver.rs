@@ -63,6 +63,22 @@ pub struct TaskTemplate {
     pub key_groups: (u32, u32),
 }
 
+/// Called once a checkpoint's manifest is published and before any subtask hears that it is
+/// complete (so before sinks commit and retention removes older checkpoints), with the
+/// checkpoint's durable path. An error leaves the checkpoint incomplete: a cluster's leader
+/// records its newest checkpoint in etcd here, and a deposed one is stopped here.
+#[derive(Clone)]
+pub struct PublishGate(pub Arc<GateFn>);
+
+/// What a [`PublishGate`] calls: the checkpoint and its durable path.
+pub type GateFn = dyn Fn(CheckpointId, &std::path::Path) -> Result<(), String> + Send + Sync;
+
+impl std::fmt::Debug for PublishGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PublishGate")
+    }
+}
+
 /// Everything the coordinator thread needs.
 pub struct DriverConfig {
     /// Job name.
@@ -88,6 +104,8 @@ pub struct DriverConfig {
     pub live: Arc<Mutex<BTreeMap<usize, (OperatorFactory, ComponentEntry)>>>,
     /// The status the handle reads.
     pub status: Option<Arc<Mutex<JobStatus>>>,
+    /// Consulted between publishing a checkpoint and announcing it.
+    pub gate: Option<PublishGate>,
 }
 
 /// How the coordinator thread ended.
@@ -424,10 +442,18 @@ pub fn run(
                     };
                     // Published only once its files are on disk as the writer reported them, so
                     // retention can never leave the job with nothing that restores.
-                    let published =
-                        store.verify_files(&manifest).map_err(|e| format!("its files do not verify: {e}")).and_then(
-                            |()| store.publish(&manifest).map_err(|e| format!("publishing the manifest failed: {e}")),
-                        );
+                    let published = store
+                        .verify_files(&manifest)
+                        .map_err(|e| format!("its files do not verify: {e}"))
+                        .and_then(|()| {
+                            store.publish(&manifest).map_err(|e| format!("publishing the manifest failed: {e}"))
+                        })
+                        .and_then(|bytes| match &cfg.gate {
+                            Some(g) => (g.0)(id, &store.durable_path(id))
+                                .map(|()| bytes)
+                                .map_err(|e| format!("recording it as the newest checkpoint failed: {e}")),
+                            None => Ok(bytes),
+                        });
                     match published {
                         Ok(bytes) => manifest.metrics.bytes += bytes,
                         Err(e) => {

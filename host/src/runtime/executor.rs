@@ -67,6 +67,9 @@ pub struct RunOptions {
     pub hold_input: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// The tenant's disk budget: file sinks charge what they write (`weir serve`).
     pub disk_budget: Option<Arc<crate::disk_budget::DiskBudget>>,
+    /// Consulted between publishing each checkpoint and announcing it (a cluster's leader
+    /// records it in etcd).
+    pub gate: Option<crate::runtime::driver::PublishGate>,
 }
 
 /// Counters of one node at the end of a run.

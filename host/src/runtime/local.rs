@@ -383,6 +383,7 @@ pub(crate) fn driver_config(a: &Attempt<'_>, store: &CheckpointStore, tasks: Vec
         graph: Arc::new(g.clone()),
         live: a.live.clone(),
         status: a.opts.endpoint.as_ref().map(|e| e.status.clone()),
+        gate: a.opts.gate.clone(),
     }
 }
 

@@ -1,0 +1,275 @@
+//! High availability of `weir coordinator` on etcd: coordinators of one cluster campaign in
+//! etcd's election service under a lease; the one elected leads, the others wait. The leader
+//! keeps the job it runs and the path of the job's newest complete checkpoint in etcd, so
+//! whichever coordinator is elected next resumes the job from there.
+//!
+//! Keys, under `/weir/<cluster>/`: `leader` (the election), `job` (the job file: path and
+//! text, JSON), `checkpoint` (the newest complete checkpoint's path or `s3://` URL),
+//! `finished` (present once the job has run to its end).
+//!
+//! Invariants: the leader's **epoch** is the create revision of its election key, so a later
+//! leader always has a higher one (attempt numbers and workers' fences build on it). Every
+//! write of a leader is a transaction conditional on that key still existing with that
+//! revision: a deposed leader's writes fail. A leader whose lease could have expired (etcd
+//! answered no renewal within the lease's time to live, measured from when the renewal was
+//! sent) stops acting at once: the process exits, so it can neither publish nor tell
+//! subtasks to commit anything.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use crate::io_runtime::io_runtime;
+
+/// The exit status of a coordinator that lost its leadership.
+pub const EXIT_DEPOSED: i32 = 3;
+
+/// How a coordinator reaches etcd.
+#[derive(Debug, Clone)]
+pub struct HaConfig {
+    /// etcd endpoints (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// The cluster's name: its keys live under `/weir/<cluster>/`.
+    pub cluster: String,
+    /// The leader's lease: a leader that stops renewing it is replaced after this long.
+    pub lease_ttl: Duration,
+}
+
+/// Why etcd could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum HaError {
+    /// etcd did not answer or refused.
+    #[error("etcd at {endpoints}: {what} failed: {message}; check that etcd runs and --etcd names it")]
+    Etcd {
+        /// The endpoints.
+        endpoints: String,
+        /// The operation.
+        what: &'static str,
+        /// etcd's error.
+        message: String,
+    },
+    /// Another coordinator leads now.
+    #[error(
+        "this coordinator is no longer the leader of cluster `{cluster}` (epoch {epoch}); a newer leader took over"
+    )]
+    Deposed {
+        /// The cluster.
+        cluster: String,
+        /// Our epoch.
+        epoch: u64,
+    },
+    /// A value in etcd does not parse.
+    #[error("etcd key {key} holds a value this weir cannot read: {message}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// Why.
+        message: String,
+    },
+    /// Bad configuration.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// The job a cluster runs, as stored in etcd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredJob {
+    /// The job file's path.
+    pub path: PathBuf,
+    /// Its text.
+    pub text: String,
+}
+
+/// This coordinator's leadership of its cluster.
+pub struct Leadership {
+    cfg: HaConfig,
+    client: Client,
+    leader_key: Vec<u8>,
+    epoch: u64,
+}
+
+/// The leadership in a form the checkpoint driver can call (it runs on its own thread).
+pub type SharedLeadership = Arc<Leadership>;
+
+impl Leadership {
+    /// Connects to etcd and campaigns until this coordinator leads `cfg.cluster`, announcing
+    /// `me` (its address) as the leader's value. Keeps the lease alive from the start; if it
+    /// lapses (also while waiting), the process exits with [`EXIT_DEPOSED`].
+    pub fn campaign(cfg: HaConfig, me: &str) -> Result<Leadership, HaError> {
+        if cfg.cluster.is_empty() || cfg.cluster.contains('/') {
+            return Err(HaError::Config(format!(
+                "--cluster `{}`: give a name without `/` (it prefixes the cluster's keys in etcd)",
+                cfg.cluster
+            )));
+        }
+        let ttl = cfg.lease_ttl.as_secs().max(2) as i64;
+        let rt = io_runtime();
+        let endpoints = cfg.endpoints.clone();
+        let ask = Duration::from_secs(5);
+        let opts = ConnectOptions::new().with_connect_timeout(ask);
+        let mut client = rt
+            .block_on(within(ask, Client::connect(endpoints, Some(opts))))
+            .map_err(|m| etcd_err(&cfg, "connecting", m))?;
+        let lease = rt
+            .block_on(within(ask, client.lease_grant(ttl, None)))
+            .map_err(|m| etcd_err(&cfg, "granting the leader lease", m))?
+            .id();
+        let granted = Instant::now();
+        rt.spawn(keep_alive(client.clone(), lease, Duration::from_secs(ttl as u64), granted, cfg.cluster.clone()));
+        let election = format!("/weir/{}/leader", cfg.cluster);
+        if let Ok(r) = rt.block_on(within(ask, client.leader(election.clone())))
+            && let Some(kv) = r.kv()
+        {
+            tracing::info!(
+                "standby: cluster `{}` is led by the coordinator at {}; waiting to take over",
+                cfg.cluster,
+                String::from_utf8_lossy(kv.value())
+            );
+        }
+        let won = rt
+            .block_on(client.campaign(election, me, lease))
+            .map_err(|e| etcd_err(&cfg, "campaigning for leadership", e.to_string()))?;
+        let key = won
+            .leader()
+            .ok_or_else(|| etcd_err(&cfg, "campaigning for leadership", "no leader key in the answer".into()))?;
+        let epoch = key.rev().max(1) as u64;
+        tracing::info!("leading cluster `{}` (epoch {epoch})", cfg.cluster);
+        Ok(Leadership { leader_key: key.key().to_vec(), epoch, client, cfg })
+    }
+
+    /// The leader's epoch: higher for every later leader.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("/weir/{}/{name}", self.cfg.cluster)
+    }
+
+    fn get(&self, name: &str) -> Result<Option<Vec<u8>>, HaError> {
+        let mut c = self.client.clone();
+        let r = io_runtime()
+            .block_on(within(Duration::from_secs(10), c.get(self.key(name), None)))
+            .map_err(|m| etcd_err(&self.cfg, "reading", m))?;
+        Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    /// Writes `name` = `value` if this coordinator still leads.
+    fn put(&self, name: &str, value: Vec<u8>) -> Result<(), HaError> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(self.leader_key.clone(), CompareOp::Equal, self.epoch as i64)])
+            .and_then([TxnOp::put(self.key(name), value, None)]);
+        let mut c = self.client.clone();
+        let r = io_runtime()
+            .block_on(within(Duration::from_secs(10), c.txn(txn)))
+            .map_err(|m| etcd_err(&self.cfg, "writing", m))?;
+        if r.succeeded() {
+            Ok(())
+        } else {
+            Err(HaError::Deposed { cluster: self.cfg.cluster.clone(), epoch: self.epoch })
+        }
+    }
+
+    /// The job stored for the cluster, if any.
+    pub fn job(&self) -> Result<Option<StoredJob>, HaError> {
+        self.get("job")?
+            .map(|b| {
+                serde_json::from_slice(&b)
+                    .map_err(|e| HaError::Corrupt { key: self.key("job"), message: e.to_string() })
+            })
+            .transpose()
+    }
+
+    /// Stores the cluster's job.
+    pub fn store_job(&self, job: &StoredJob) -> Result<(), HaError> {
+        self.put("job", serde_json::to_vec(job).expect("serializable"))
+    }
+
+    /// The newest complete checkpoint recorded, if any.
+    pub fn checkpoint(&self) -> Result<Option<PathBuf>, HaError> {
+        Ok(self.get("checkpoint")?.map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned())))
+    }
+
+    /// Records `path` as the job's newest complete checkpoint; a deposed leader exits here.
+    pub fn record_checkpoint(&self, path: &Path) -> Result<(), HaError> {
+        let r = self.put("checkpoint", path.to_string_lossy().as_bytes().to_vec());
+        self.exit_if_deposed(&r);
+        r
+    }
+
+    /// Whether the job has run to its end.
+    pub fn finished(&self) -> Result<bool, HaError> {
+        Ok(self.get("finished")?.is_some())
+    }
+
+    /// Records that the job has run to its end.
+    pub fn mark_finished(&self) -> Result<(), HaError> {
+        let r = self.put("finished", b"1".to_vec());
+        self.exit_if_deposed(&r);
+        r
+    }
+
+    fn exit_if_deposed(&self, r: &Result<(), HaError>) {
+        if let Err(e @ HaError::Deposed { .. }) = r {
+            tracing::error!("{e}; stopping at once");
+            std::process::exit(EXIT_DEPOSED);
+        }
+    }
+}
+
+fn etcd_err(cfg: &HaConfig, what: &'static str, message: String) -> HaError {
+    HaError::Etcd { endpoints: cfg.endpoints.join(","), what, message }
+}
+
+/// Runs `f` for at most `d`.
+async fn within<T>(d: Duration, f: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
+    match tokio::time::timeout(d, f).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {} s", d.as_secs())),
+    }
+}
+
+/// Renews `lease` every third of its time to live. When no renewal came back before the
+/// lease could have expired (counted from the last renewal's request), or etcd says it has,
+/// the process exits: another coordinator may lead by now.
+async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, granted: Instant, cluster: String) {
+    let mut valid_until = granted + ttl;
+    let mut keeper = None;
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        if keeper.is_none() {
+            keeper = client.lease_keep_alive(lease).await.ok();
+        }
+        let sent = Instant::now();
+        let answer = match keeper.as_mut() {
+            Some((k, stream)) => {
+                tokio::time::timeout(ttl / 3, async {
+                    k.keep_alive().await.ok()?;
+                    stream.message().await.ok().flatten()
+                })
+                .await
+            }
+            None => Ok(None),
+        };
+        match answer {
+            Ok(Some(r)) if r.ttl() > 0 => valid_until = sent + Duration::from_secs(r.ttl() as u64),
+            Ok(Some(_)) => deposed(&cluster, "etcd says its lease expired"),
+            _ => {
+                keeper = None;
+                if Instant::now() >= valid_until {
+                    deposed(&cluster, "etcd renewed none of its lease within the lease's time to live");
+                }
+            }
+        }
+    }
+}
+
+fn deposed(cluster: &str, why: &str) -> ! {
+    tracing::error!(
+        "coordinator of cluster `{cluster}`: {why}; another coordinator may lead by now, so this one stops at once (exit {EXIT_DEPOSED})"
+    );
+    std::process::exit(EXIT_DEPOSED)
+}

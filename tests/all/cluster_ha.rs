@@ -1,0 +1,172 @@
+//! High availability of the coordinator on a real etcd: two `weir coordinator`s of one cluster
+//! elect a leader, the standby takes the job over from its newest checkpoint recorded in etcd
+//! when the leader is killed or paused, and a deposed leader that wakes up stops at once.
+//! The committed output must equal the failure-free output either way.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::cluster::{Procs, collect, secret, signal, wait_for};
+use crate::etcd::Etcd;
+use crate::process_recovery::{job_into, write_input};
+use crate::support::{committed_lines, scratch, weir};
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A coordinator of cluster `ha` on `etcd`, listening on `addr` once it leads; its stdout and
+/// stderr go to one log.
+fn coordinator(job: &Path, secret: &Path, addr: SocketAddr, etcd: &Etcd) -> (Child, Arc<Mutex<String>>) {
+    let mut child = weir()
+        .args(["coordinator", "--listen", &addr.to_string(), "--heartbeat-timeout-ms", "3000", "--workers", "2"])
+        .args(["--etcd", etcd.endpoint(), "--cluster", "ha", "--lease-ttl-secs", "2", "--secret-file"])
+        .arg(secret)
+        .arg(job)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = collect(child.stderr.take().unwrap());
+    let out = child.stdout.take().unwrap();
+    let l = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            l.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+    (child, log)
+}
+
+fn worker(coordinators: &str, secret: &Path, name: &str, home: &Path) -> Child {
+    weir()
+        .args(["worker", "--coordinator", coordinators, "--name", name, "--slots", "1", "--secret-file"])
+        .arg(secret)
+        .arg("--dir")
+        .arg(home.join(name))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` to exit; its status code.
+fn exit_code(child: &mut Child, log: &Arc<Mutex<String>>) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            std::thread::sleep(Duration::from_millis(100));
+            return status.code().unwrap_or(-1);
+        }
+        assert!(Instant::now() < deadline, "no exit within 300 s:\n{}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A leader (c1) and a standby (c2) of one cluster, two workers following whichever leads,
+/// the wordcount at p=2 running until its first complete checkpoint.
+struct Setup {
+    _etcd: Etcd,
+    dir: tempfile::TempDir,
+    expected: Vec<String>,
+    procs: Procs,
+    c1: (Child, Arc<Mutex<String>>),
+    c2: (Child, Arc<Mutex<String>>),
+}
+
+fn setup(name: &str, seed: u64) -> Setup {
+    let etcd = Etcd::start();
+    let dir = scratch();
+    let expected = write_input(&dir.path().join("input.txt"), 400_000, seed);
+    let job = job_into(dir.path(), name, "type = \"file\"\npath = \"out\"");
+    let secret = secret(dir.path());
+    let (a, b) = (free_addr(), free_addr());
+    let c1 = coordinator(&job, &secret, a, &etcd);
+    wait_for(&c1.1, "leading cluster `ha`");
+    let c2 = coordinator(&job, &secret, b, &etcd);
+    wait_for(&c2.1, "standby: cluster `ha` is led by the coordinator at");
+    let mut procs = Procs::default();
+    let list = format!("{a},{b}");
+    procs.0.push(worker(&list, &secret, "w1", dir.path()));
+    procs.0.push(worker(&list, &secret, "w2", dir.path()));
+    let mut c1 = c1;
+    // The event the test controls: a checkpoint the leader recorded in etcd (published and
+    // announced), not merely one whose manifest exists.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while etcd.get("/weir/ha/checkpoint").is_none() {
+        assert!(
+            c1.0.try_wait().unwrap().is_none(),
+            "the leader ended before its first checkpoint:\n{}",
+            c1.1.lock().unwrap()
+        );
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c1.1.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(c1.0.try_wait().unwrap().is_none(), "the job must still run on the leader");
+    Setup { _etcd: etcd, dir, expected, procs, c1, c2 }
+}
+
+/// Checks the standby's run: it led, restored the recorded checkpoint, and the committed
+/// output equals the failure-free output.
+fn check_takeover(s: &mut Setup, name: &str) {
+    let code = exit_code(&mut s.c2.0, &s.c2.1);
+    let log = s.c2.1.lock().unwrap().clone();
+    assert_eq!(code, 0, "the standby failed:\n{log}");
+    assert!(log.contains("leading cluster `ha`"), "{log}");
+    assert!(log.contains("taking over from checkpoint"), "{log}");
+    assert!(log.contains(&format!("restoring job `{name}` from checkpoint")), "{log}");
+    let got = committed_lines(&s.dir.path().join("out"));
+    assert_eq!(got.len(), s.expected.len(), "line count after the takeover");
+    assert!(got == s.expected, "committed output differs from the failure-free output");
+}
+
+#[test]
+fn cluster_ha_sigkill_of_the_leader_hands_the_job_to_the_standby_exactly_once() {
+    let mut s = setup("wc-ha-kill", 21);
+    s.c1.0.kill().unwrap(); // SIGKILL
+    s.c1.0.wait().unwrap();
+    check_takeover(&mut s, "wc-ha-kill");
+    drop(s.procs);
+}
+
+#[test]
+fn cluster_ha_a_paused_leader_is_deposed_and_stops_when_it_wakes_up() {
+    let mut s = setup("wc-ha-pause", 22);
+    // Paused, not dead: its connections stay open, only its lease renewals and heartbeats
+    // stop. The standby takes over once the lease lapses; the workers leave the silent leader.
+    signal(&s.c1.0, "-STOP");
+    check_takeover(&mut s, "wc-ha-pause");
+    let committed = committed_lines(&s.dir.path().join("out"));
+    signal(&s.c1.0, "-CONT");
+    let code = exit_code(&mut s.c1.0, &s.c1.1);
+    let log = s.c1.1.lock().unwrap().clone();
+    assert_eq!(code, 3, "a deposed leader exits with status 3:\n{log}");
+    assert!(log.contains("stops at once") || log.contains("stopping at once"), "{log}");
+    assert!(committed_lines(&s.dir.path().join("out")) == committed, "the deposed leader changed the committed output");
+}
+
+/// etcd not running: the coordinator fails with an error naming etcd and its address, and
+/// has published nothing.
+#[test]
+fn cluster_ha_an_unreachable_etcd_is_a_clear_error() {
+    let dir = scratch();
+    write_input(&dir.path().join("input.txt"), 100, 23);
+    let job = job_into(dir.path(), "wc-ha-no-etcd", "type = \"file\"\npath = \"out\"");
+    let secret = secret(dir.path());
+    let nowhere = format!("http://{}", free_addr());
+    let out = weir()
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--etcd", &nowhere, "--secret-file"])
+        .arg(&secret)
+        .arg(&job)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("etcd at") && err.contains(&nowhere["http://".len()..]), "{err}");
+    assert!(out.stdout.is_empty(), "it must not listen for workers: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(!dir.path().join("checkpoints").exists() && !dir.path().join("out").exists());
+}
