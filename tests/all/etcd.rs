@@ -75,7 +75,7 @@ impl Etcd {
         let mut r = ureq::post(&format!("{}/v3/kv/range", self.endpoint)).send(body.as_bytes()).ok()?;
         let v: serde_json::Value = serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()?;
         let value = v["kvs"].get(0)?["value"].as_str()?;
-        Some(String::from_utf8(b64.decode(value).ok()?).ok()?)
+        String::from_utf8(b64.decode(value).ok()?).ok()
     }
 
     /// Its client URL.
