@@ -7,12 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 rustup target add wasm32-unknown-unknown wasm32-wasip2 >/dev/null
-# The etcd client's build compiles etcd's protobuf definitions: protoc and its well-known types.
-if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends protobuf-compiler libprotobuf-dev >/dev/null 2>&1 ||
-        { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends protobuf-compiler libprotobuf-dev >/dev/null; }
-fi
+bash tests/install-build-deps.sh   # protoc, for the etcd client's build
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export RUST_BACKTRACE=0
 

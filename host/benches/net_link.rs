@@ -48,8 +48,8 @@ fn measure(batches: u64, send: impl FnOnce(Batch, u64) + Send, recv: impl Fn() -
 fn main() {
     let batches = env_u64("WEIR_BENCH_BATCHES", 20_000);
     let rounds = env_u64("WEIR_BENCH_ROUNDS", 3);
-    let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "bench").unwrap();
-    let out = Outbound::connect(inbound.addr(), "bench").unwrap();
+    let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "bench", None).unwrap();
+    let out = Outbound::connect(inbound.addr(), "bench", None).unwrap();
     println!("batches of {RECORDS} records (16 B keys, 64 B values), {batches} per run");
     for round in 0..rounds {
         let (tx, rx) = crossbeam_channel::bounded(64);

@@ -22,7 +22,18 @@ fn free_addr() -> SocketAddr {
 /// A coordinator of cluster `ha` on `etcd`, listening on `addr` once it leads; its stdout and
 /// stderr go to one log.
 fn coordinator(job: &Path, secret: &Path, addr: SocketAddr, etcd: &Etcd) -> (Child, Arc<Mutex<String>>) {
+    coordinator_env(job, secret, addr, etcd, &[])
+}
+
+fn coordinator_env(
+    job: &Path,
+    secret: &Path,
+    addr: SocketAddr,
+    etcd: &Etcd,
+    env: &[(&str, String)],
+) -> (Child, Arc<Mutex<String>>) {
     let mut child = weir()
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(["coordinator", "--listen", &addr.to_string(), "--heartbeat-timeout-ms", "3000", "--workers", "2"])
         .args(["--etcd", etcd.endpoint(), "--cluster", "ha", "--lease-ttl-secs", "2", "--secret-file"])
         .arg(secret)
@@ -43,7 +54,12 @@ fn coordinator(job: &Path, secret: &Path, addr: SocketAddr, etcd: &Etcd) -> (Chi
 }
 
 fn worker(coordinators: &str, secret: &Path, name: &str, home: &Path) -> Child {
+    worker_env(coordinators, secret, name, home, &[])
+}
+
+fn worker_env(coordinators: &str, secret: &Path, name: &str, home: &Path, env: &[(&str, String)]) -> Child {
     weir()
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(["worker", "--coordinator", coordinators, "--name", name, "--slots", "1", "--secret-file"])
         .arg(secret)
         .arg("--dir")
@@ -169,4 +185,64 @@ fn cluster_ha_an_unreachable_etcd_is_a_clear_error() {
     assert!(err.contains("etcd at") && err.contains(&nowhere["http://".len()..]), "{err}");
     assert!(out.stdout.is_empty(), "it must not listen for workers: {}", String::from_utf8_lossy(&out.stdout));
     assert!(!dir.path().join("checkpoints").exists() && !dir.path().join("out").exists());
+}
+
+/// Every process of the cluster killed (coordinator and workers, SIGKILL) and the local staging
+/// directory gone: a new coordinator and new workers resume the job from the checkpoint etcd
+/// names in the bucket, and the committed output is the failure-free output.
+#[test]
+fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_checkpoint_in_s3() {
+    let etcd = Etcd::start();
+    let s3 = crate::s3::S3Server::start();
+    let env = s3.env();
+    let dir = scratch();
+    let name = "wc-ha-s3";
+    let expected = write_input(&dir.path().join("input.txt"), 400_000, 24);
+    let job = job_into(dir.path(), name, "type = \"file\"\npath = \"out\"");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("dir = \"checkpoints\"", "dir = \"s3://weir/ha\"\nstaging_dir = \"staging\"");
+    std::fs::write(&job, text).unwrap();
+    let secret = secret(dir.path());
+    let start = |tag: &str| {
+        let addr = free_addr();
+        let c = coordinator_env(&job, &secret, addr, &etcd, &env);
+        wait_for(&c.1, "leading cluster `ha`");
+        let mut procs = Procs::default();
+        for w in ["w1", "w2"] {
+            procs.0.push(worker_env(&addr.to_string(), &secret, &format!("{w}{tag}"), dir.path(), &env));
+        }
+        (c, procs)
+    };
+    let (mut c, procs) = start("a");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let recorded = loop {
+        if let Some(chk) = etcd.get("/weir/ha/checkpoint") {
+            break chk;
+        }
+        assert!(
+            c.0.try_wait().unwrap().is_none(),
+            "the job ended before its first checkpoint:\n{}",
+            c.1.lock().unwrap()
+        );
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c.1.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(recorded.starts_with(&format!("s3://weir/ha/{name}/chk-")), "{recorded}");
+    assert!(c.0.try_wait().unwrap().is_none(), "the job must still run when the cluster stops");
+    c.0.kill().unwrap();
+    c.0.wait().unwrap();
+    drop(procs); // SIGKILL of every worker
+    std::fs::remove_dir_all(dir.path().join("staging")).unwrap();
+
+    let (mut c, procs) = start("b");
+    let code = exit_code(&mut c.0, &c.1);
+    let log = c.1.lock().unwrap().clone();
+    assert_eq!(code, 0, "the restarted cluster failed:\n{log}");
+    assert!(log.contains("taking over from checkpoint s3://weir/ha/"), "{log}");
+    assert!(log.contains(&format!("restoring job `{name}` from checkpoint")), "{log}");
+    let got = committed_lines(&dir.path().join("out"));
+    assert_eq!(got.len(), expected.len(), "line count after the restart");
+    assert!(got == expected, "committed output differs from the failure-free output");
+    drop(procs);
 }

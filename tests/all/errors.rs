@@ -363,3 +363,13 @@ fn benchmark_options_in_the_wrong_place_are_refused_naming_the_fix() {
     );
     assert!(e.contains("sink `out`") && e.contains("`latency` is an option of `blackhole` sinks only"), "{e}");
 }
+
+#[test]
+fn a_sink_rate_of_zero_or_on_a_sink_that_cannot_throttle_is_refused_naming_the_line() {
+    let zero = good_job().replace("type = \"blackhole\"", "type = \"blackhole\"\nrate = 0");
+    let e = validate_fails(&zero, |_| {});
+    assert!(e.contains("sink `out`: `rate` must be at least 1") && e.contains("job.toml:"), "{e}");
+    let stdout = good_job().replace("type = \"blackhole\"", "type = \"stdout\"\nrate = 10");
+    let e = validate_fails(&stdout, |_| {});
+    assert!(e.contains("`rate` is an option of `file` and `blackhole` sinks only"), "{e}");
+}

@@ -226,6 +226,8 @@ enum Command {
         /// With --etcd: a leader that stops renewing its lease is replaced after this long.
         #[arg(long, default_value_t = 10)]
         lease_ttl_secs: u64,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Run subtasks for a coordinator (`weir coordinator`) in a number of slots.
     Worker {
@@ -251,6 +253,8 @@ enum Command {
         /// Where shipped components are kept (default: under WEIR_HOME).
         #[arg(long)]
         dir: Option<PathBuf>,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Submit a job to a server (`--server URL --token T`): uploads its components and input
     /// files, then starts it; prints the job id.
@@ -440,10 +444,12 @@ fn real_main(cli: Cli) -> Result<()> {
             etcd,
             cluster,
             lease_ttl_secs,
+            tls,
         } => {
             let cfg = weir::cluster::coordinator::CoordinatorConfig {
                 listen: listen.parse().with_context(|| format!("--listen {listen}: not an address"))?,
                 secret: cluster_secret(secret_file.as_deref())?,
+                tls: cluster_tls(tls)?,
                 heartbeat: Duration::from_millis((heartbeat_timeout_ms / 5).clamp(10, 1000)),
                 heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
                 slot_wait: Duration::from_secs(slot_wait_secs),
@@ -457,7 +463,7 @@ fn real_main(cli: Cli) -> Result<()> {
             });
             run_coordinator(&job, cfg, ha, restore, allow_non_restored_state)
         }
-        Command::Worker { coordinator, advertise, slots, listen, secret_file, name, dir } => {
+        Command::Worker { coordinator, advertise, slots, listen, secret_file, name, dir, tls } => {
             let name = name.unwrap_or_else(|| format!("worker-{}", std::process::id()));
             let engine =
                 new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
@@ -467,6 +473,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     .map(|a| a.parse().with_context(|| format!("--advertise {a}: not an IP:port")))
                     .transpose()?,
                 secret: cluster_secret(secret_file.as_deref())?,
+                tls: cluster_tls(tls)?,
                 slots,
                 data_listen: listen.parse().with_context(|| format!("--listen {listen}: not an address"))?,
                 dir: dir.unwrap_or_else(|| registry::home().join("workers").join(&name)),
@@ -910,6 +917,31 @@ fn run_coordinator(
 /// Runs a job on a cluster instead of in this process.
 type ClusterRun<'a> =
     dyn FnMut(&job::bind::BoundJob, &RunOptions) -> Result<executor::RunSummary, weir::runtime::error::RunError> + 'a;
+
+/// Mutual TLS between the members of a cluster.
+#[derive(clap::Args, Debug)]
+struct TlsArgs {
+    /// Mutual TLS between members: this member's certificate (PEM), issued for the name
+    /// `weir-cluster` (one self-signed certificate shared by every member will do).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA the members' certificates chain to (default: --tls-cert itself).
+    #[arg(long, requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+}
+
+/// The cluster's TLS settings, when given.
+fn cluster_tls(a: TlsArgs) -> Result<Option<weir::runtime::net::tls::ClusterTls>> {
+    match (a.tls_cert, a.tls_key) {
+        (Some(cert), Some(key)) => {
+            Ok(Some(weir::runtime::net::tls::ClusterTls::load(&cert, &key, a.tls_ca.as_deref())?))
+        }
+        _ => Ok(None),
+    }
+}
 
 /// The cluster secret, from `file` or `WEIR_CLUSTER_SECRET`.
 fn cluster_secret(file: Option<&std::path::Path>) -> Result<String> {

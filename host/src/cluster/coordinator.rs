@@ -33,6 +33,7 @@ use crate::runtime::error::{RunError, TaskFailure};
 use crate::runtime::executor::{AttemptEnd, RunOptions, RunSummary, run_deployed};
 use crate::runtime::local::{self, Attempt};
 use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::net::tls::ClusterTls;
 
 /// How the coordinator runs.
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub struct CoordinatorConfig {
     pub listen: SocketAddr,
     /// The cluster secret.
     pub secret: String,
+    /// Mutual TLS with the workers (else plain TCP).
+    pub tls: Option<ClusterTls>,
     /// Workers send a heartbeat this often.
     pub heartbeat: Duration,
     /// A worker silent this long is lost.
@@ -100,7 +103,7 @@ impl Cluster {
     /// Listens for workers.
     pub fn start(cfg: CoordinatorConfig) -> std::io::Result<Cluster> {
         let (tx, inbox) = unbounded();
-        let addr = pipe::listen(cfg.listen, &cfg.secret, tx)?;
+        let addr = pipe::listen(cfg.listen, &cfg.secret, cfg.tls.clone(), tx)?;
         Ok(Cluster {
             addr,
             inbox,

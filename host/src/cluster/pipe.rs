@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use crate::cluster::protocol::{Decoder, WireError, encode};
 use crate::io_runtime::io_runtime;
 use crate::runtime::net::link::{same_secret, send_all};
+use crate::runtime::net::tls::{self, ClusterTls, Stream};
 
 /// Window of each direction: messages are small but for components.
 const WINDOW: u32 = 4 << 20;
@@ -84,6 +85,7 @@ fn pipe<T>() -> (PipeTx<T>, mpsc::UnboundedReceiver<Outgoing>) {
 pub fn listen<In, Out>(
     addr: SocketAddr,
     secret: &str,
+    tls: Option<ClusterTls>,
     inbox: Sender<(u64, Incoming<In, Out>)>,
 ) -> std::io::Result<SocketAddr>
 where
@@ -96,15 +98,19 @@ where
     let next = Arc::new(AtomicU64::new(1));
     io_runtime().spawn(async move {
         while let Ok((sock, _)) = listener.accept().await {
-            let _ = sock.set_nodelay(true);
             let id = next.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(serve(sock, id, secret.clone(), inbox.clone()));
+            let (secret, inbox, tls) = (secret.clone(), inbox.clone(), tls.clone());
+            tokio::spawn(async move {
+                if let Ok(sock) = tls::accept(tls.as_ref(), sock).await {
+                    serve(sock, id, secret, inbox).await;
+                }
+            });
         }
     });
     Ok(addr)
 }
 
-async fn serve<In, Out>(sock: TcpStream, id: u64, secret: Arc<str>, inbox: Sender<(u64, Incoming<In, Out>)>)
+async fn serve<In, Out>(sock: Stream, id: u64, secret: Arc<str>, inbox: Sender<(u64, Incoming<In, Out>)>)
 where
     In: DeserializeOwned + Send + 'static,
     Out: Serialize + Send + 'static,
@@ -158,6 +164,7 @@ pub enum ConnectError {
 pub fn connect<In, Out>(
     addr: SocketAddr,
     secret: &str,
+    tls: Option<&ClusterTls>,
 ) -> Result<(PipeTx<Out>, crossbeam_channel::Receiver<In>), ConnectError>
 where
     In: DeserializeOwned + Send + 'static,
@@ -171,11 +178,14 @@ where
         .map_err(|e| ConnectError::Refused(e.to_string()))?;
     // A paused coordinator's kernel still accepts the connection: the handshake must not
     // wait for it forever.
+    let tls = tls.cloned();
     let handshake = async move {
         let sock = TcpStream::connect(addr)
             .await
             .map_err(|e| ConnectError::Unreachable(format!("cannot connect to {addr}: {e}")))?;
-        let _ = sock.set_nodelay(true);
+        let sock = tls::connect(tls.as_ref(), sock)
+            .await
+            .map_err(|e| ConnectError::Unreachable(format!("{addr}: TLS: {e}")))?;
         let (send, conn) = h2::client::Builder::new()
             .initial_window_size(WINDOW)
             .initial_connection_window_size(WINDOW)

@@ -35,6 +35,7 @@ use crate::runtime::executor::{Live, RunOptions, resolve_components};
 use crate::runtime::local::{self, Attempt, Part, Threads};
 use crate::runtime::message::Message;
 use crate::runtime::net::link::{ChannelKey, Inbound, Outbound};
+use crate::runtime::net::tls::ClusterTls;
 use crate::runtime::subtask::StartError;
 use crate::sandbox::instance::sha256_hex;
 
@@ -48,6 +49,8 @@ pub struct WorkerConfig {
     pub coordinators: Vec<String>,
     /// The cluster secret.
     pub secret: String,
+    /// Mutual TLS with the coordinator and the peers (else plain TCP).
+    pub tls: Option<ClusterTls>,
     /// Slices of a job it runs.
     pub slots: u32,
     /// Where peers open channels to it.
@@ -151,7 +154,7 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
     }
     std::fs::create_dir_all(cfg.dir.join("components"))
         .map_err(|e| setup(format!("cannot create {}: {e}", cfg.dir.display())))?;
-    let inbound = Inbound::bind(cfg.data_listen, &cfg.secret)
+    let inbound = Inbound::bind(cfg.data_listen, &cfg.secret, cfg.tls.clone())
         .map_err(|e| setup(format!("cannot listen on {} for channels: {e}", cfg.data_listen)))?;
     let data_addr = match cfg.advertise {
         Some(a) => a,
@@ -178,7 +181,7 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
             std::thread::sleep(Duration::from_millis(300));
             continue;
         };
-        match pipe::connect::<ToWorker, ToCoordinator>(at, &w.cfg.secret) {
+        match pipe::connect::<ToWorker, ToCoordinator>(at, &w.cfg.secret, w.cfg.tls.as_ref()) {
             Ok((tx, rx)) => {
                 announced = false;
                 if w.session(at, &tx, &rx)? {
@@ -424,6 +427,7 @@ impl Worker {
         let Part { tasks, controls, events_tx, events_rx, writer_rx, metrics, cancel, .. } = p.part;
         let stop = Arc::new(AtomicBool::new(false));
         let (owned, secret, name) = (p.owned.clone(), self.cfg.secret.clone(), self.cfg.name.clone());
+        let tls = self.cfg.tls.clone();
         let (plan, outgoing, worker_of, peers) = (p.plan, p.outgoing, p.worker_of, p.peers);
         let events = tx.clone();
         std::thread::spawn(move || {
@@ -439,15 +443,18 @@ impl Worker {
             let a = owned.attempt();
             let g = &a.job.graph;
             let mut failures = Vec::new();
-            let forwarders = match open_outgoing(g, &plan, outgoing, &worker_of, &peers, attempt, &secret, &cancel2) {
-                Ok(f) => f,
-                Err(message) => {
-                    let task = TaskId { node: NodeId::new("-"), subtask: SubtaskIndex(0) };
-                    failures.push(TaskFailure::Unavailable { task, message: format!("worker `{name}`: {message}") });
-                    cancel2.store(true, Ordering::Relaxed);
-                    Vec::new()
-                }
-            };
+            let forwarders =
+                match open_outgoing(g, &plan, outgoing, &worker_of, &peers, attempt, (&secret, tls.as_ref()), &cancel2)
+                {
+                    Ok(f) => f,
+                    Err(message) => {
+                        let task = TaskId { node: NodeId::new("-"), subtask: SubtaskIndex(0) };
+                        failures
+                            .push(TaskFailure::Unavailable { task, message: format!("worker `{name}`: {message}") });
+                        cancel2.store(true, Ordering::Relaxed);
+                        Vec::new()
+                    }
+                };
             let writer = match a.store {
                 Some(store) => local::start_writer(&a, store, &events_tx, writer_rx).ok(),
                 None => None,
@@ -487,7 +494,7 @@ fn open_outgoing(
     worker_of: &[u32],
     peers: &[SocketAddr],
     attempt: AttemptNo,
-    secret: &str,
+    (secret, tls): (&str, Option<&ClusterTls>),
     cancel: &Arc<AtomicBool>,
 ) -> Result<Vec<JoinHandle<()>>, String> {
     let mut links: HashMap<u32, Outbound> = HashMap::new();
@@ -497,7 +504,7 @@ fn open_outgoing(
         let peer = worker_of[plan.index_of(g.edges[c.edge].to, c.to)];
         let addr = *peers.get(peer as usize).ok_or_else(|| format!("no address for worker {peer}"))?;
         if let std::collections::hash_map::Entry::Vacant(v) = links.entry(peer) {
-            v.insert(Outbound::connect(addr, secret).map_err(|e| e.to_string())?);
+            v.insert(Outbound::connect(addr, secret, tls).map_err(|e| e.to_string())?);
         }
         let sender = links[&peer]
             .open(ChannelKey { attempt, channel: ci as u64 }, g.channel_capacity)

@@ -1,4 +1,4 @@
-//! Rate limiting for sources (`rate = R` records per second).
+//! Rate limiting for sources and slow sinks (`rate = R` records per second).
 //!
 //! Invariant: a throttled source never sleeps more than [`MAX_NAP`] at a time, so it keeps
 //! answering checkpoint triggers promptly (a barrier is never stuck behind a long sleep), and
@@ -39,6 +39,17 @@ impl Throttle {
         let next = self.started + Duration::from_secs_f64(self.emitted as f64 / self.rate as f64);
         std::thread::sleep(next.saturating_duration_since(Instant::now()).min(MAX_NAP));
         self.due_at(self.started.elapsed(), max)
+    }
+
+    /// Waits until `n` more records are due, in naps of at most [`MAX_NAP`]; returns early
+    /// when `cancel` is set (a slow sink stays cancellable).
+    pub fn hold(&mut self, n: u32, cancel: &std::sync::atomic::AtomicBool) {
+        let mut left = n;
+        while left > 0 && !cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            let k = self.admit(left);
+            self.record(k);
+            left -= k;
+        }
     }
 
     /// `n` records went out.

@@ -334,6 +334,8 @@ pub enum SinkKind {
         path: PathBuf,
         /// Line format.
         format: SinkFormat,
+        /// At most this many records per second per subtask.
+        rate: Option<u64>,
     },
     /// Standard output.
     Stdout {
@@ -345,6 +347,8 @@ pub enum SinkKind {
     Blackhole {
         /// Measure latency.
         latency: bool,
+        /// At most this many records per second per subtask.
+        rate: Option<u64>,
     },
     /// Rows of a PostgreSQL table, exactly-once by two-phase commit.
     Postgres(PostgresTarget),

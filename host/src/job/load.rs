@@ -378,15 +378,25 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
         if !is_kafka && let Some((name, span)) = kafka::sink_only(s) {
             return cx.err(span, format!("sink `{id}`: `{name}` is an option of `kafka` sinks only"));
         }
+        let rate = match &s.rate {
+            Some(r) if !matches!(s.kind.get_ref().as_str(), "file" | "blackhole") => {
+                return cx
+                    .err(r.span(), format!("sink `{id}`: `rate` is an option of `file` and `blackhole` sinks only"));
+            }
+            Some(r) if *r.get_ref() == 0 => {
+                return cx.err(r.span(), format!("sink `{id}`: `rate` must be at least 1 record per second"));
+            }
+            r => r.as_ref().map(|r| *r.get_ref()),
+        };
         let kind = match s.kind.get_ref().as_str() {
             "file" => {
                 let Some(path) = &s.path else {
                     return cx.err(s.id.span(), format!("file sink `{id}` needs `path = \"<output directory>\"`"));
                 };
-                SinkKind::File { path: cx.path(path.get_ref()), format }
+                SinkKind::File { path: cx.path(path.get_ref()), format, rate }
             }
             "stdout" => SinkKind::Stdout { format },
-            "blackhole" => SinkKind::Blackhole { latency: s.latency.as_ref().is_some_and(|l| *l.get_ref()) },
+            "blackhole" => SinkKind::Blackhole { latency: s.latency.as_ref().is_some_and(|l| *l.get_ref()), rate },
             "postgres" => SinkKind::Postgres(postgres_target(cx, s, id.as_str(), &name)?),
             "kafka" => {
                 let (target, delivery) = kafka::sink(cx, s, id.as_str(), &name)?;

@@ -244,6 +244,10 @@ pub struct SinkSpec {
     /// kafka: `host:port[,host:port...]`.
     #[serde(default)]
     pub bootstrap_servers: Option<Spanned<String>>,
+    /// file and blackhole: at most this many records per second per subtask (a slow sink,
+    /// for backpressure tests and benchmarks).
+    #[serde(default)]
+    pub rate: Option<Spanned<u64>>,
     /// kafka: the topic written.
     #[serde(default)]
     pub topic: Option<Spanned<String>>,

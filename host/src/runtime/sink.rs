@@ -12,6 +12,7 @@ use crate::checkpoint::snapshot::SubtaskState;
 use crate::connectors::file_sink::{FileSink, write_line};
 use crate::connectors::kafka::sink::KafkaSink;
 use crate::connectors::postgres_sink::{PgSinkError, PostgresSink};
+use crate::connectors::throttle::Throttle;
 use crate::graph::logical::SinkFormat;
 use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::control::{Control, Timing};
@@ -71,6 +72,8 @@ pub struct SinkTask {
     /// Checkpoints aborted before their barrier got here: not pre-committed when it does
     /// (nothing would ever complete or abort that transaction again).
     pub aborted_early: Vec<CheckpointId>,
+    /// `rate`: a slow sink.
+    pub throttle: Option<Throttle>,
 }
 
 fn io_failure(task: &TaskId, what: &str, e: std::io::Error) -> TaskFailure {
@@ -240,6 +243,9 @@ impl SinkTask {
                 }
                 Received::Message(input, Message::Data(batch)) => {
                     self.counters.add_in(batch.len() as u64, batch.byte_len() as u64);
+                    if let Some(t) = &mut self.throttle {
+                        t.hold(batch.len(), &self.cancel);
+                    }
                     match &mut self.writer {
                         SinkWriter::File(f) => {
                             for r in batch.iter() {

@@ -20,6 +20,7 @@ use crate::connectors::kafka::sink::{KafkaSink, Opening as KafkaOpening};
 use crate::connectors::kafka::source::KafkaReader;
 use crate::connectors::nexmark::NexmarkSource;
 use crate::connectors::postgres_sink::{Opening as PostgresOpening, PostgresSink};
+use crate::connectors::throttle::Throttle;
 use crate::graph::logical::{JobGraph, Node, NodeKind, OnError, OperatorNode, SinkKind, SourceKind};
 use crate::graph::physical::SubtaskPlan;
 use crate::ids::TaskId;
@@ -242,7 +243,7 @@ fn sink(cx: &Context<'_>, n: &Node, kind: &SinkKind, s: u32, parts: Parts) -> Re
     let id = parts.id;
     let restored = parts.restored;
     let writer = match kind {
-        SinkKind::File { path, format } => {
+        SinkKind::File { path, format, .. } => {
             let st = restored.as_ref().and_then(|st| st.sink.clone());
             let adopted = restored.as_ref().map(|st| st.adopted_sinks.clone()).unwrap_or_default();
             SinkWriter::File(
@@ -281,7 +282,7 @@ fn sink(cx: &Context<'_>, n: &Node, kind: &SinkKind, s: u32, parts: Parts) -> Re
                 }
             }
         }
-        SinkKind::Blackhole { latency } => {
+        SinkKind::Blackhole { latency, .. } => {
             SinkWriter::Blackhole(latency.then(|| LatencyRecorder::new(LATENCY_WARMUP_MS)))
         }
     };
@@ -295,6 +296,10 @@ fn sink(cx: &Context<'_>, n: &Node, kind: &SinkKind, s: u32, parts: Parts) -> Re
         checkpoints: parts.checkpoints,
         termination: parts.termination,
         aborted_early: Vec::new(),
+        throttle: match kind {
+            SinkKind::File { rate, .. } | SinkKind::Blackhole { rate, .. } => rate.map(Throttle::new),
+            _ => None,
+        },
     }))
 }
 
@@ -310,7 +315,7 @@ pub fn finish_commits(
             let id = TaskId { node: n.id.clone(), subtask: crate::ids::SubtaskIndex(s) };
             let finishing = |e: String| format!("sink `{}` subtask {s}: finishing its last commit: {e}", n.id);
             match &n.kind {
-                NodeKind::Sink(SinkKind::File { path, format }) => {
+                NodeKind::Sink(SinkKind::File { path, format, .. }) => {
                     let sink = st.and_then(|st| st.sink);
                     FileSink::open(path, s, *format, sink.as_ref())
                         .map_err(|e| cx.setup(finishing(format!("{}: {e}", path.display()))))?;

@@ -24,6 +24,8 @@ use bytes::Bytes;
 use crossbeam_channel::{Sender, TrySendError};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::runtime::net::tls::{self, ClusterTls, Stream};
+
 use crate::io_runtime::io_runtime;
 use crate::runtime::message::Message;
 use crate::runtime::net::frame::{Decoder, encode};
@@ -57,16 +59,21 @@ pub struct Inbound {
 }
 
 impl Inbound {
-    /// Listens on `addr`; peers must present `secret`.
-    pub fn bind(addr: SocketAddr, secret: &str) -> std::io::Result<Inbound> {
+    /// Listens on `addr`; peers must present `secret` (and, with `tls`, a certificate of the
+    /// cluster).
+    pub fn bind(addr: SocketAddr, secret: &str, tls: Option<ClusterTls>) -> std::io::Result<Inbound> {
         let listener = io_runtime().block_on(TcpListener::bind(addr))?;
         let addr = listener.local_addr()?;
         let expected: Registry = Arc::default();
         let (reg, secret) = (expected.clone(), Arc::<str>::from(secret));
         io_runtime().spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
-                let _ = sock.set_nodelay(true);
-                tokio::spawn(serve(sock, reg.clone(), secret.clone()));
+                let (reg, secret, tls) = (reg.clone(), secret.clone(), tls.clone());
+                tokio::spawn(async move {
+                    if let Ok(sock) = tls::accept(tls.as_ref(), sock).await {
+                        serve(sock, reg, secret).await;
+                    }
+                });
             }
         });
         Ok(Inbound { addr, expected })
@@ -89,7 +96,7 @@ impl Inbound {
 }
 
 /// One connection: routes each incoming stream after checking it.
-async fn serve(sock: TcpStream, expected: Registry, secret: Arc<str>) {
+async fn serve(sock: Stream, expected: Registry, secret: Arc<str>) {
     let handshake = h2::server::Builder::new()
         .initial_window_size(CHANNEL_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
@@ -195,12 +202,12 @@ pub struct Outbound {
 }
 
 impl Outbound {
-    /// Connects to the peer listening on `addr`.
-    pub fn connect(addr: SocketAddr, secret: &str) -> Result<Outbound, OpenError> {
+    /// Connects to the peer listening on `addr` (over TLS with `tls`).
+    pub fn connect(addr: SocketAddr, secret: &str, tls: Option<&ClusterTls>) -> Result<Outbound, OpenError> {
         let net = |e: &dyn std::fmt::Display| OpenError::Network { addr, message: e.to_string() };
         let send = io_runtime().block_on(async {
             let sock = TcpStream::connect(addr).await.map_err(|e| net(&e))?;
-            let _ = sock.set_nodelay(true);
+            let sock = tls::connect(tls, sock).await.map_err(|e| net(&e))?;
             let (send, conn) = h2::client::Builder::new()
                 .initial_window_size(CHANNEL_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
@@ -335,13 +342,13 @@ mod tests {
 
     #[test]
     fn cluster_net_a_stalled_channel_holds_back_only_its_sender_and_every_channel_arrives_in_order() {
-        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret").unwrap();
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
         let (a_tx, a_rx) = crossbeam_channel::bounded(2);
         let (b_tx, b_rx) = crossbeam_channel::bounded(2);
         let (a, b) = (ChannelKey { attempt: 1, channel: 0 }, ChannelKey { attempt: 1, channel: 1 });
         inbound.expect(a, a_tx);
         inbound.expect(b, b_tx);
-        let out = Outbound::connect(inbound.addr(), "secret").unwrap();
+        let out = Outbound::connect(inbound.addr(), "secret", None).unwrap();
         let (sa, sb) = (out.open(a, 2).unwrap(), out.open(b, 2).unwrap());
         // Nobody reads channel A: its sender must block after a bounded number of batches.
         let sent_a = Arc::new(AtomicU64::new(0));
@@ -390,18 +397,18 @@ mod tests {
 
     #[test]
     fn cluster_net_a_wrong_secret_or_a_fenced_attempt_is_refused_and_delivers_nothing() {
-        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret").unwrap();
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
         let (tx, rx) = crossbeam_channel::bounded(4);
         let old = ChannelKey { attempt: 1, channel: 5 };
         inbound.expect(old, tx.clone());
-        let e = Outbound::connect(inbound.addr(), "guess").unwrap().open(old, 1).err().unwrap().to_string();
+        let e = Outbound::connect(inbound.addr(), "guess", None).unwrap().open(old, 1).err().unwrap().to_string();
         assert!(e.contains("wrong cluster secret") && e.contains("channel 5"), "{e}");
         inbound.fence(2);
-        let e = Outbound::connect(inbound.addr(), "secret").unwrap().open(old, 1).err().unwrap().to_string();
+        let e = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(old, 1).err().unwrap().to_string();
         assert!(e.contains("attempt 1") && e.contains("fenced"), "{e}");
         let new = ChannelKey { attempt: 2, channel: 5 };
         inbound.expect(new, tx);
-        let s = Outbound::connect(inbound.addr(), "secret").unwrap().open(new, 1).unwrap();
+        let s = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(new, 1).unwrap();
         s.send(Message::Watermark(9)).unwrap();
         assert!(matches!(rx.recv().unwrap(), Message::Watermark(9)), "the current attempt's channel delivers");
         assert!(rx.try_recv().is_err(), "nothing from the refused streams");
@@ -409,11 +416,11 @@ mod tests {
 
     #[test]
     fn cluster_net_a_sender_that_goes_away_without_ending_its_channel_disconnects_the_receiver() {
-        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret").unwrap();
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
         let (tx, rx) = crossbeam_channel::bounded(4);
         let key = ChannelKey { attempt: 1, channel: 0 };
         inbound.expect(key, tx);
-        let s = Outbound::connect(inbound.addr(), "secret").unwrap().open(key, 1).unwrap();
+        let s = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(key, 1).unwrap();
         s.send(Message::Watermark(1)).unwrap();
         drop(s);
         assert!(matches!(rx.recv().unwrap(), Message::Watermark(1)));
