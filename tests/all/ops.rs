@@ -400,6 +400,8 @@ fn ops_dashboard_in_headless_chromium_shows_jobs_rates_checkpoints_failures_and_
 
     // Another tenant's token: none of these jobs.
     let theirs = browser.new_tab().unwrap();
+    // Like the other tabs: navigation on a loaded machine can take longer than the default.
+    theirs.set_default_timeout(Duration::from_secs(120));
     theirs.navigate_to(&format!("http://{addr}/ui/#token={OTHER}")).unwrap().wait_until_navigated().unwrap();
     page_until(&theirs, "an empty job list", "!document.querySelector('#no-jobs').hidden");
     assert_eq!(theirs.evaluate("document.querySelectorAll('#jobs tbody tr').length", false).unwrap().value.unwrap(), 0);
