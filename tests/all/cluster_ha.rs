@@ -86,8 +86,12 @@ fn exit_code(child: &mut Child, log: &Arc<Mutex<String>>) -> i32 {
 /// A leader (c1) and a standby (c2) of one cluster, two workers following whichever leads,
 /// the wordcount at p=2 running until its first complete checkpoint.
 struct Setup {
-    _etcd: Etcd,
+    etcd: Etcd,
     dir: tempfile::TempDir,
+    job: std::path::PathBuf,
+    secret: std::path::PathBuf,
+    /// The standby's address.
+    b: SocketAddr,
     expected: Vec<String>,
     procs: Procs,
     c1: (Child, Arc<Mutex<String>>),
@@ -123,7 +127,7 @@ fn setup(name: &str, seed: u64) -> Setup {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(c1.0.try_wait().unwrap().is_none(), "the job must still run on the leader");
-    Setup { _etcd: etcd, dir, expected, procs, c1, c2 }
+    Setup { etcd, dir, job, secret, b, expected, procs, c1, c2 }
 }
 
 /// Checks the standby's run: it led, restored the recorded checkpoint, and the committed
@@ -245,4 +249,27 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
     assert_eq!(got.len(), expected.len(), "line count after the restart");
     assert!(got == expected, "committed output differs from the failure-free output");
     drop(procs);
+}
+
+/// etcd stops answering mid-job (SIGSTOP): the leader cannot renew its lease and stops at
+/// once (exit 3) without committing anything it could not record; once etcd is back, a
+/// coordinator started in its place (as a supervisor would) takes the job over from the
+/// recorded checkpoint, exactly-once.
+#[test]
+fn cluster_ha_etcd_unreachable_mid_job_stops_the_leader_and_a_new_one_finishes_exactly_once() {
+    let mut s = setup("wc-ha-etcd", 25);
+    s.c2.0.kill().unwrap(); // one coordinator at a time here: the replacement below
+    s.c2.0.wait().unwrap();
+    let etcd = std::process::Command::new("kill").args(["-STOP", &s.etcd.pid().to_string()]).status().unwrap();
+    assert!(etcd.success());
+    let code = exit_code(&mut s.c1.0, &s.c1.1);
+    let log = s.c1.1.lock().unwrap().clone();
+    assert_eq!(code, 3, "a leader that cannot renew its lease exits with status 3:\n{log}");
+    assert!(log.contains("stops at once"), "{log}");
+    let before = committed_lines(&s.dir.path().join("out"));
+    assert!(before.len() < s.expected.len(), "the job must not have finished");
+    let etcd = std::process::Command::new("kill").args(["-CONT", &s.etcd.pid().to_string()]).status().unwrap();
+    assert!(etcd.success());
+    s.c2 = coordinator(&s.job, &s.secret, s.b, &s.etcd);
+    check_takeover(&mut s, "wc-ha-etcd");
 }

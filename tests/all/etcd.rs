@@ -78,6 +78,11 @@ impl Etcd {
         String::from_utf8(b64.decode(value).ok()?).ok()
     }
 
+    /// The server's process id (to pause it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its client URL.
     pub fn endpoint(&self) -> &str {
         &self.endpoint

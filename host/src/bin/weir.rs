@@ -900,7 +900,8 @@ fn run_coordinator(
     println!("listening on {}", cluster.addr());
     let gate = leader.clone().map(|l| {
         weir::runtime::driver::PublishGate(std::sync::Arc::new(move |_, path: &std::path::Path| {
-            l.record_checkpoint(path).map_err(|e| e.to_string())
+            l.record_checkpoint(path);
+            Ok(())
         }))
     });
     let mut run = |b: &job::bind::BoundJob, o: &RunOptions| {

@@ -111,6 +111,16 @@ impl AtomicFile {
         Ok(AtomicFile { file, tmp, path: path.to_path_buf() })
     }
 
+    /// Makes the file durable under its name, which must not exist yet (a link, not a
+    /// rename: an existing file stays and the error is `AlreadyExists`).
+    pub fn commit_new(self) -> std::io::Result<()> {
+        self.file.sync_all()?;
+        let linked = fs::hard_link(&self.tmp, &self.path);
+        let _ = fs::remove_file(&self.tmp);
+        linked?;
+        File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
+    }
+
     /// Makes the file durable under its name.
     pub fn commit(self) -> std::io::Result<()> {
         self.file.sync_all()?;
@@ -215,7 +225,11 @@ impl CheckpointStore {
         if let Some(r) = &self.remote {
             r.create(&format!("chk-{}/{MANIFEST}", manifest.checkpoint_id), &bytes).map_err(RemoteError::into_io)?;
         }
-        write_atomic(&dir.join(MANIFEST), &bytes)?;
+        // Never over another manifest of the same id (a deposed coordinator's, say), as the
+        // object store's conditional create refuses it there.
+        let mut f = AtomicFile::create(&dir.join(MANIFEST))?;
+        f.file.write_all(&bytes)?;
+        f.commit_new()?;
         Ok(bytes.len() as u64)
     }
 
@@ -627,12 +641,38 @@ mod tests {
         assert_eq!(store.max_id(), 4);
     }
 
+    /// A manifest is never replaced: a second publish of the same id (a deposed coordinator
+    /// still running) fails and leaves the first.
+    #[test]
+    fn a_published_manifest_is_never_overwritten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        let (bytes, crc) = store.write_state(CheckpointId(1), "op-0.state", &SubtaskState::default()).unwrap();
+        store.publish(&manifest(1, "op-0.state", bytes, crc)).unwrap();
+        let mut other = manifest(1, "op-0.state", bytes, crc);
+        other.created_unix_ms += 1;
+        let e = store.publish(&other).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        let kept = load(&store.chk_dir(CheckpointId(1))).unwrap();
+        assert_eq!(kept.manifest.created_unix_ms, manifest(1, "op-0.state", bytes, crc).created_unix_ms);
+        let leftovers: Vec<_> = fs::read_dir(store.chk_dir(CheckpointId(1)))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
     #[test]
     fn a_manifest_naming_files_outside_its_directory_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::new(tmp.path(), "j");
         let (bytes, crc) = store.write_state(CheckpointId(1), "op-0.state", &SubtaskState::default()).unwrap();
+        let unpublish = || {
+            let _ = fs::remove_file(store.chk_dir(CheckpointId(1)).join(MANIFEST));
+        };
         for file in ["../../other/op-0.state", "/etc/passwd", ".hidden", ""] {
+            unpublish();
             store.publish(&manifest(1, file, bytes, crc)).unwrap();
             let e = load(&store.chk_dir(CheckpointId(1))).unwrap_err().to_string();
             assert!(e.contains("is not a plain file name"), "{file}: {e}");
@@ -647,6 +687,7 @@ mod tests {
             stored: Some("../../../victim/files/x.wasm".into()),
             replaces: vec![],
         });
+        unpublish();
         store.publish(&m).unwrap();
         assert!(load(&store.chk_dir(CheckpointId(1))).unwrap_err().to_string().contains("is not components/"));
         assert!(stored_component_path(&format!("../components/{}.wasm", "a".repeat(64))));

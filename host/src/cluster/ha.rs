@@ -12,11 +12,15 @@
 //! write of a leader is a transaction conditional on that key still existing with that
 //! revision: a deposed leader's writes fail. A leader whose lease could have expired (etcd
 //! answered no renewal within the lease's time to live, measured from when the renewal was
-//! sent) stops acting at once: the process exits, so it can neither publish nor tell
-//! subtasks to commit anything.
+//! sent) stops acting at once: a watchdog thread that needs no answer from etcd ends the
+//! process at that deadline, so it can neither publish nor tell subtasks to commit anything.
+//! Recording a published checkpoint either succeeds or ends the process (it is retried until
+//! the lease's deadline): a published checkpoint is never aborted, since a later restore could
+//! pick it while its sinks' transactions were rolled back.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
@@ -47,7 +51,7 @@ pub enum HaError {
         /// The endpoints.
         endpoints: String,
         /// The operation.
-        what: &'static str,
+        what: String,
         /// etcd's error.
         message: String,
     },
@@ -89,6 +93,14 @@ pub struct Leadership {
     client: Client,
     leader_key: Vec<u8>,
     epoch: u64,
+    /// Until when the lease is surely alive ([`now_ms`]).
+    valid_until: Arc<AtomicU64>,
+}
+
+/// Milliseconds on a monotonic clock since the first call.
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 /// The leadership in a form the checkpoint driver can call (it runs on its own thread).
@@ -113,12 +125,28 @@ impl Leadership {
         let mut client = rt
             .block_on(within(ask, Client::connect(endpoints, Some(opts))))
             .map_err(|m| etcd_err(&cfg, "connecting", m))?;
+        let asked = now_ms();
         let lease = rt
             .block_on(within(ask, client.lease_grant(ttl, None)))
             .map_err(|m| etcd_err(&cfg, "granting the leader lease", m))?
             .id();
-        let granted = Instant::now();
-        rt.spawn(keep_alive(client.clone(), lease, Duration::from_secs(ttl as u64), granted, cfg.cluster.clone()));
+        let ttl = Duration::from_secs(ttl as u64);
+        let valid_until = Arc::new(AtomicU64::new(asked + ttl.as_millis() as u64));
+        // Renewals on a thread and runtime of their own (never starved by the I/O runtime's
+        // traffic); the watchdog needs no runtime and no answer from etcd at all.
+        let (c, until, name) = (client.clone(), valid_until.clone(), cfg.cluster.clone());
+        std::thread::Builder::new()
+            .name("weir-lease".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+                rt.block_on(keep_alive(c, lease, ttl, until, name));
+            })
+            .expect("starting the lease thread");
+        let (until, name) = (valid_until.clone(), cfg.cluster.clone());
+        std::thread::Builder::new()
+            .name("weir-lease-watchdog".into())
+            .spawn(move || watchdog(&until, &name))
+            .expect("starting the lease watchdog");
         let election = format!("/weir/{}/leader", cfg.cluster);
         if let Ok(r) = rt.block_on(within(ask, client.leader(election.clone())))
             && let Some(kv) = r.kv()
@@ -137,7 +165,7 @@ impl Leadership {
             .ok_or_else(|| etcd_err(&cfg, "campaigning for leadership", "no leader key in the answer".into()))?;
         let epoch = key.rev().max(1) as u64;
         tracing::info!("leading cluster `{}` (epoch {epoch})", cfg.cluster);
-        Ok(Leadership { leader_key: key.key().to_vec(), epoch, client, cfg })
+        Ok(Leadership { leader_key: key.key().to_vec(), epoch, client, cfg, valid_until })
     }
 
     /// The leader's epoch: higher for every later leader.
@@ -151,21 +179,23 @@ impl Leadership {
 
     fn get(&self, name: &str) -> Result<Option<Vec<u8>>, HaError> {
         let mut c = self.client.clone();
+        let key = self.key(name);
         let r = io_runtime()
-            .block_on(within(Duration::from_secs(10), c.get(self.key(name), None)))
-            .map_err(|m| etcd_err(&self.cfg, "reading", m))?;
+            .block_on(within(Duration::from_secs(10), c.get(key.clone(), None)))
+            .map_err(|m| etcd_err(&self.cfg, &format!("reading {key}"), m))?;
         Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
     /// Writes `name` = `value` if this coordinator still leads.
     fn put(&self, name: &str, value: Vec<u8>) -> Result<(), HaError> {
+        let key = self.key(name);
         let txn = Txn::new()
             .when([Compare::create_revision(self.leader_key.clone(), CompareOp::Equal, self.epoch as i64)])
-            .and_then([TxnOp::put(self.key(name), value, None)]);
+            .and_then([TxnOp::put(key.clone(), value, None)]);
         let mut c = self.client.clone();
         let r = io_runtime()
             .block_on(within(Duration::from_secs(10), c.txn(txn)))
-            .map_err(|m| etcd_err(&self.cfg, "writing", m))?;
+            .map_err(|m| etcd_err(&self.cfg, &format!("writing {key}"), m))?;
         if r.succeeded() {
             Ok(())
         } else {
@@ -193,11 +223,25 @@ impl Leadership {
         Ok(self.get("checkpoint")?.map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned())))
     }
 
-    /// Records `path` as the job's newest complete checkpoint; a deposed leader exits here.
-    pub fn record_checkpoint(&self, path: &Path) -> Result<(), HaError> {
-        let r = self.put("checkpoint", path.to_string_lossy().as_bytes().to_vec());
-        self.exit_if_deposed(&r);
-        r
+    /// Records `path` as the job's newest complete checkpoint. Returns only once it is
+    /// recorded: a refused write (deposed), or etcd not taking it before the lease's deadline,
+    /// ends the process — the checkpoint is published already and must not be aborted.
+    pub fn record_checkpoint(&self, path: &Path) {
+        let value = path.to_string_lossy().as_bytes().to_vec();
+        loop {
+            match self.put("checkpoint", value.clone()) {
+                Ok(()) => return,
+                Err(e @ HaError::Deposed { .. }) => deposed(&self.cfg.cluster, &e.to_string()),
+                Err(e) if now_ms() >= self.valid_until.load(Ordering::Relaxed) => deposed(
+                    &self.cfg.cluster,
+                    &format!("recording checkpoint {} failed until the lease ran out: {e}", path.display()),
+                ),
+                Err(e) => {
+                    tracing::warn!("recording checkpoint {} in etcd: {e}; retrying", path.display());
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
     }
 
     /// Whether the job has run to its end.
@@ -214,14 +258,24 @@ impl Leadership {
 
     fn exit_if_deposed(&self, r: &Result<(), HaError>) {
         if let Err(e @ HaError::Deposed { .. }) = r {
-            tracing::error!("{e}; stopping at once");
-            std::process::exit(EXIT_DEPOSED);
+            deposed(&self.cfg.cluster, &e.to_string());
         }
     }
 }
 
-fn etcd_err(cfg: &HaConfig, what: &'static str, message: String) -> HaError {
-    HaError::Etcd { endpoints: cfg.endpoints.join(","), what, message }
+fn etcd_err(cfg: &HaConfig, what: &str, message: String) -> HaError {
+    HaError::Etcd { endpoints: cfg.endpoints.join(","), what: what.to_string(), message }
+}
+
+/// Ends the process once the lease may have lapsed, whatever etcd (or the runtime) does.
+fn watchdog(valid_until: &AtomicU64, cluster: &str) {
+    loop {
+        let (now, until) = (now_ms(), valid_until.load(Ordering::Relaxed));
+        if now >= until {
+            deposed(cluster, "etcd renewed none of its lease within the lease's time to live");
+        }
+        std::thread::sleep(Duration::from_millis((until - now).min(100)));
+    }
 }
 
 /// Runs `f` for at most `d`.
@@ -232,18 +286,17 @@ async fn within<T>(d: Duration, f: impl Future<Output = Result<T, etcd_client::E
     }
 }
 
-/// Renews `lease` every third of its time to live. When no renewal came back before the
-/// lease could have expired (counted from the last renewal's request), or etcd says it has,
-/// the process exits: another coordinator may lead by now.
-async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, granted: Instant, cluster: String) {
-    let mut valid_until = granted + ttl;
+/// Renews `lease` every third of its time to live, moving `valid_until` to the renewal's
+/// request time plus the time to live etcd granted; if etcd says the lease has expired, the
+/// process exits (the watchdog ends it when renewals stop coming back).
+async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, valid_until: Arc<AtomicU64>, cluster: String) {
     let mut keeper = None;
     loop {
         tokio::time::sleep(ttl / 3).await;
         if keeper.is_none() {
-            keeper = client.lease_keep_alive(lease).await.ok();
+            keeper = tokio::time::timeout(ttl / 3, client.lease_keep_alive(lease)).await.ok().and_then(|r| r.ok());
         }
-        let sent = Instant::now();
+        let sent = now_ms();
         let answer = match keeper.as_mut() {
             Some((k, stream)) => {
                 tokio::time::timeout(ttl / 3, async {
@@ -255,14 +308,9 @@ async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, granted: Inst
             None => Ok(None),
         };
         match answer {
-            Ok(Some(r)) if r.ttl() > 0 => valid_until = sent + Duration::from_secs(r.ttl() as u64),
+            Ok(Some(r)) if r.ttl() > 0 => valid_until.store(sent + r.ttl() as u64 * 1000, Ordering::Relaxed),
             Ok(Some(_)) => deposed(&cluster, "etcd says its lease expired"),
-            _ => {
-                keeper = None;
-                if Instant::now() >= valid_until {
-                    deposed(&cluster, "etcd renewed none of its lease within the lease's time to live");
-                }
-            }
+            _ => keeper = None,
         }
     }
 }

@@ -97,7 +97,16 @@ where
     let secret = Arc::<str>::from(secret);
     let next = Arc::new(AtomicU64::new(1));
     io_runtime().spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
+        loop {
+            // An accept error (out of file descriptors, say) must not close the port for good.
+            let sock = match listener.accept().await {
+                Ok((sock, _)) => sock,
+                Err(e) => {
+                    tracing::warn!("accepting a control connection on {addr}: {e}; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let id = next.fetch_add(1, Ordering::Relaxed);
             let (secret, inbox, tls) = (secret.clone(), inbox.clone(), tls.clone());
             tokio::spawn(async move {
@@ -118,15 +127,21 @@ where
     let handshake = h2::server::Builder::new()
         .initial_window_size(WINDOW)
         .initial_connection_window_size(WINDOW)
-        .handshake::<_, Bytes>(sock)
-        .await;
-    let Ok(mut conn) = handshake else { return };
-    let Some(Ok((req, mut respond))) = conn.accept().await else { return };
+        .handshake::<_, Bytes>(sock);
+    let Ok(Ok(mut conn)) = tokio::time::timeout(CONNECT_TIMEOUT, handshake).await else { return };
+    // A peer gets this long to open its stream (an idle connection is not held forever).
+    let Ok(Some(Ok((req, mut respond)))) = tokio::time::timeout(CONNECT_TIMEOUT, conn.accept()).await else { return };
     let authorised = req.headers().get("weir-secret").is_some_and(|s| same_secret(s.as_bytes(), secret.as_bytes()));
     let status = if authorised { 200 } else { 403 };
     let response = http::Response::builder().status(status).body(()).expect("a status-only response");
     let Ok(stream) = respond.send_response(response, !authorised) else { return };
-    if authorised {
+    if !authorised {
+        // The refusal goes out, then the connection closes.
+        conn.graceful_shutdown();
+        let _ = tokio::time::timeout(CONNECT_TIMEOUT, async { while conn.accept().await.is_some() {} }).await;
+        return;
+    }
+    {
         let (tx, rx) = pipe::<Out>();
         if inbox.send((id, Incoming::Opened(tx))).is_err() {
             return;

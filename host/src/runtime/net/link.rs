@@ -67,7 +67,16 @@ impl Inbound {
         let expected: Registry = Arc::default();
         let (reg, secret) = (expected.clone(), Arc::<str>::from(secret));
         io_runtime().spawn(async move {
-            while let Ok((sock, _)) = listener.accept().await {
+            loop {
+                // An accept error (out of file descriptors, say) must not close the port for good.
+                let sock = match listener.accept().await {
+                    Ok((sock, _)) => sock,
+                    Err(e) => {
+                        tracing::warn!("accepting a channel connection on {addr}: {e}; retrying");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
                 let (reg, secret, tls) = (reg.clone(), secret.clone(), tls.clone());
                 tokio::spawn(async move {
                     if let Ok(sock) = tls::accept(tls.as_ref(), sock).await {
@@ -100,9 +109,8 @@ async fn serve(sock: Stream, expected: Registry, secret: Arc<str>) {
     let handshake = h2::server::Builder::new()
         .initial_window_size(CHANNEL_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .handshake::<_, Bytes>(sock)
-        .await;
-    let Ok(mut conn) = handshake else { return };
+        .handshake::<_, Bytes>(sock);
+    let Ok(Ok(mut conn)) = tokio::time::timeout(CONNECT_TIMEOUT, handshake).await else { return };
     while let Some(Ok((req, mut respond))) = conn.accept().await {
         // Taken on acceptance: one sender per channel and attempt.
         let routed = channel_of(&req, &secret).and_then(|key| expected.lock().unwrap().remove(&key).ok_or(410));
@@ -194,6 +202,9 @@ pub enum OpenError {
     },
 }
 
+/// How long connecting to a peer (or a peer's handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A worker's connection to one peer, on which it opens the channels it sends on.
 pub struct Outbound {
     addr: SocketAddr,
@@ -206,13 +217,19 @@ impl Outbound {
     pub fn connect(addr: SocketAddr, secret: &str, tls: Option<&ClusterTls>) -> Result<Outbound, OpenError> {
         let net = |e: &dyn std::fmt::Display| OpenError::Network { addr, message: e.to_string() };
         let send = io_runtime().block_on(async {
-            let sock = TcpStream::connect(addr).await.map_err(|e| net(&e))?;
+            // A paused peer's kernel still accepts: connecting must not wait for it forever.
+            let sock = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+                .await
+                .map_err(|_| net(&"no answer to connecting"))?
+                .map_err(|e| net(&e))?;
             let sock = tls::connect(tls, sock).await.map_err(|e| net(&e))?;
-            let (send, conn) = h2::client::Builder::new()
+            let handshake = h2::client::Builder::new()
                 .initial_window_size(CHANNEL_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
-                .handshake::<_, Bytes>(sock)
+                .handshake::<_, Bytes>(sock);
+            let (send, conn) = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
                 .await
+                .map_err(|_| net(&"no HTTP/2 handshake"))?
                 .map_err(|e| net(&e))?;
             tokio::spawn(async move {
                 let _ = conn.await;
