@@ -30,6 +30,12 @@ impl Drop for Procs {
 /// What a process wrote to stderr so far.
 pub(crate) fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
     let log = Arc::new(Mutex::new(String::new()));
+    collect_into(r, &log);
+    log
+}
+
+/// Appends what `r` writes, line by line, to `log`.
+pub(crate) fn collect_into(r: impl Read + Send + 'static, log: &Arc<Mutex<String>>) {
     let l = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(r).lines().map_while(Result::ok) {
@@ -38,7 +44,6 @@ pub(crate) fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
             l.push('\n');
         }
     });
-    log
 }
 
 struct Coordinator {

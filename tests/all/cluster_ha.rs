@@ -3,14 +3,13 @@
 //! when the leader is killed or paused, and a deposed leader that wakes up stops at once.
 //! The committed output must equal the failure-free output either way.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cluster::{Procs, collect, secret, signal, wait_for};
+use crate::cluster::{Procs, collect, collect_into, secret, signal, wait_for};
 use crate::etcd::Etcd;
 use crate::process_recovery::{job_into, write_input};
 use crate::support::{committed_lines, scratch, weir};
@@ -43,13 +42,7 @@ fn coordinator_env(
         .spawn()
         .unwrap();
     let log = collect(child.stderr.take().unwrap());
-    let out = child.stdout.take().unwrap();
-    let l = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            l.lock().unwrap().push_str(&format!("{line}\n"));
-        }
-    });
+    collect_into(child.stdout.take().unwrap(), &log);
     (child, log)
 }
 
