@@ -11,7 +11,7 @@
 //! old one's channels, acks and part ends; a worker's registration is refused if its protocol
 //! differs.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Select, Sender, unbounded};
 
 use crate::cluster::pipe::{self, Incoming, PipeTx};
-use crate::cluster::protocol::{
-    AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl, attempt_base,
-};
+use crate::cluster::protocol::{AttemptNo, Deploy, ToCoordinator, ToWorker, WireControl, WireFailure, attempt_base};
+use crate::cluster::roster::Roster;
+use crate::cluster::round::{Action, Fault, Outcome, Round};
 use crate::graph::physical::PhysicalPlan;
 use crate::graph::placement::Placement;
 use crate::ids::{SubtaskIndex, TaskId};
@@ -67,12 +67,11 @@ pub struct JobSource {
     pub text: String,
 }
 
+/// A member's connection and what it has been sent.
 struct WorkerConn {
     name: String,
     data_addr: SocketAddr,
-    slots: u32,
     tx: PipeTx<ToWorker>,
-    last_seen: Instant,
     shipped: HashSet<String>,
 }
 
@@ -88,15 +87,17 @@ enum Note {
     Lost(u64),
 }
 
-/// The coordinator's view of its workers.
+/// The coordinator's view of its workers: the shell around [`Roster`] and [`Round`].
 pub struct Cluster {
     cfg: CoordinatorConfig,
     addr: SocketAddr,
     inbox: Receiver<(u64, Incoming<ToCoordinator, ToWorker>)>,
     pending: BTreeMap<u64, PipeTx<ToWorker>>,
-    workers: BTreeMap<u64, WorkerConn>,
+    roster: Roster,
+    conns: BTreeMap<u64, WorkerConn>,
     notes: VecDeque<Note>,
     next_attempt: AttemptNo,
+    clock: Instant,
 }
 
 impl Cluster {
@@ -108,9 +109,11 @@ impl Cluster {
             addr,
             inbox,
             pending: BTreeMap::new(),
-            workers: BTreeMap::new(),
+            roster: Roster::new(cfg.heartbeat_timeout.as_millis() as u64),
+            conns: BTreeMap::new(),
             notes: VecDeque::new(),
             next_attempt: attempt_base(cfg.epoch),
+            clock: Instant::now(),
             cfg,
         })
     }
@@ -118,6 +121,14 @@ impl Cluster {
     /// Where workers connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn label(&self, id: u64) -> String {
+        self.conns.get(&id).map_or_else(|| format!("#{id}"), WorkerConn::label)
     }
 
     /// Runs `job` on the cluster's workers until it finishes, restarting after failures as
@@ -143,36 +154,32 @@ impl Cluster {
                 Incoming::Message(m) => self.message(id, m),
                 Incoming::Closed => {
                     self.pending.remove(&id);
-                    if let Some(w) = self.workers.remove(&id) {
-                        tracing::warn!("worker {} is gone (its connection closed)", w.label());
+                    if self.roster.remove(id) {
+                        tracing::warn!("worker {} is gone (its connection closed)", self.label(id));
+                        self.conns.remove(&id);
                         self.notes.push_back(Note::Lost(id));
                     }
                 }
             }
             next = self.inbox.try_recv().map_err(|_| ());
         }
-        let silent: Vec<u64> = self
-            .workers
-            .iter()
-            .filter(|(_, w)| w.last_seen.elapsed() > self.cfg.heartbeat_timeout)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in silent {
-            let w = self.workers.remove(&id).expect("listed");
+        for id in self.roster.silent(self.now()) {
             tracing::warn!(
                 "worker {} sent nothing for {} ms (heartbeat timeout); dropping it",
-                w.label(),
+                self.label(id),
                 self.cfg.heartbeat_timeout.as_millis()
             );
-            w.tx.close();
+            if let Some(w) = self.conns.remove(&id) {
+                w.tx.close();
+            }
             self.notes.push_back(Note::Lost(id));
         }
         self.notes.pop_front()
     }
 
     fn message(&mut self, id: u64, m: ToCoordinator) {
-        if let Some(w) = self.workers.get_mut(&id) {
-            w.last_seen = Instant::now();
+        let now = self.now();
+        if self.roster.heard(id, now) {
             if !matches!(m, ToCoordinator::Heartbeat) {
                 self.notes.push_back(Note::Message(id, m));
             }
@@ -183,18 +190,11 @@ impl Cluster {
             tx.close();
             return;
         };
-        let refuse = |why: String| {
+        if let Err(why) = self.roster.register(id, protocol, slots, now) {
             tracing::warn!("refused worker `{name}` ({data_addr}): {why}");
             let _ = tx.send(&ToWorker::Refused(why));
             tx.close();
-        };
-        if protocol != PROTOCOL_VERSION {
-            return refuse(format!(
-                "it speaks protocol {protocol}, this coordinator {PROTOCOL_VERSION}; run the same weir version"
-            ));
-        }
-        if slots == 0 {
-            return refuse("it offers no slots; start it with --slots 1 or more".into());
+            return;
         }
         let _ =
             tx.send(&ToWorker::Welcome { heartbeat_ms: self.cfg.heartbeat.as_millis() as u64, epoch: self.cfg.epoch });
@@ -206,8 +206,7 @@ impl Cluster {
             }
         });
         tracing::info!("worker `{name}` registered: {slots} slot(s), channels on {data_addr}");
-        let w = WorkerConn { name, data_addr, slots, tx, last_seen: Instant::now(), shipped: HashSet::new() };
-        self.workers.insert(id, w);
+        self.conns.insert(id, WorkerConn { name, data_addr, tx, shipped: HashSet::new() });
     }
 
     /// Waits until the workers offer `needed` slots.
@@ -216,8 +215,8 @@ impl Cluster {
         let mut said = false;
         let workers = if self.next_attempt == attempt_base(self.cfg.epoch) { self.cfg.min_workers } else { 0 };
         loop {
-            let have: u32 = self.workers.values().map(|w| w.slots).sum();
-            if have >= needed && self.workers.len() >= workers {
+            let have = self.roster.slots();
+            if have >= needed && self.roster.len() >= workers {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -226,7 +225,7 @@ impl Cluster {
                     message: format!(
                         "it needs {needed} slot(s) on at least {workers} worker(s) and the cluster offers {have} on \
                          {} after waiting {} s; start more workers (`weir worker --coordinator {} --slots N`)",
-                        self.workers.len(),
+                        self.roster.len(),
                         self.cfg.slot_wait.as_secs(),
                         self.addr
                     ),
@@ -236,7 +235,7 @@ impl Cluster {
                 tracing::info!(
                     job = %job,
                     "job `{job}` waits for {needed} slot(s) on at least {workers} worker(s); the cluster offers {have} on {}",
-                    self.workers.len()
+                    self.roster.len()
                 );
                 said = true;
             }
@@ -254,8 +253,8 @@ impl Cluster {
         let plan = PhysicalPlan::of(g);
         let needed = plan.subtasks.iter().map(|s| s.subtask + 1).max().unwrap_or(0);
         self.wait_for_slots(&g.name, needed)?;
-        let ids: Vec<u64> = self.workers.keys().copied().collect();
-        let slots: Vec<u32> = ids.iter().map(|id| self.workers[id].slots).collect();
+        let ids = self.roster.ids();
+        let slots: Vec<u32> = ids.iter().map(|&id| self.roster.slots_of(id)).collect();
         let placement = Placement::spread(&plan, &slots)
             .map_err(|e| RunError::Setup { job: g.name.clone(), message: e.to_string() })?;
         // The attempt's workers, numbered as the deployment names them.
@@ -288,12 +287,12 @@ impl Cluster {
                 allow_non_restored_state: a.opts.allow_non_restored_state,
                 restarts: a.attempt,
                 worker_of: worker_of.clone(),
-                peers: members.iter().map(|id| self.workers[id].data_addr).collect(),
+                peers: members.iter().map(|id| self.conns[id].data_addr).collect(),
                 you: i as u32,
             };
-            let _ = self.workers[&id].tx.send(&ToWorker::Deploy(Box::new(d)));
+            let _ = self.conns[&id].tx.send(&ToWorker::Deploy(Box::new(d)));
         }
-        let labels: BTreeMap<u64, String> = members.iter().map(|id| (*id, self.workers[id].label())).collect();
+        let labels: BTreeMap<u64, String> = members.iter().map(|id| (*id, self.label(*id))).collect();
         tracing::info!(
             job = %g.name,
             "job `{}` attempt {attempt}: {} subtasks on {}",
@@ -307,11 +306,12 @@ impl Cluster {
             let s = &plan.subtasks[si];
             TaskId { node: g.nodes[s.node].id.clone(), subtask: SubtaskIndex(s.subtask) }
         };
-        if let Some(end) = self.await_ready(a, attempt, &members, &labels, &first_task)? {
+        let run = Running { members: &members, labels: &labels, worker_of: &worker_of, plan: &plan };
+        let mut round = Round::new(attempt, members.clone(), self.cfg.heartbeat_timeout.as_millis() as u64);
+        if let Some(end) = self.await_ready(a, &mut round, &run, &first_task)? {
             return Ok(end);
         }
-        let run = Running { attempt, members: &members, labels: &labels, worker_of: &worker_of, plan: &plan };
-        self.follow(a, &run, &first_task)
+        self.follow(a, &mut round, &run, &first_task)
     }
 
     /// Ships each operator's component to the workers that do not have it; returns the
@@ -323,7 +323,7 @@ impl Cluster {
             let OperatorFactory::Wasm(c) = factory else { continue };
             let digest = c.sha256.clone();
             for id in members {
-                let w = self.workers.get_mut(id).expect("member");
+                let w = self.conns.get_mut(id).expect("member");
                 if w.shipped.insert(digest.clone()) {
                     let m = ToWorker::Component { digest: digest.clone(), bytes: c.bytes.to_vec() };
                     let _ = w.tx.send(&m);
@@ -334,68 +334,78 @@ impl Cluster {
         digests
     }
 
-    /// Waits until every member built its part (`None`), or the attempt cannot start.
+    /// Carries out the round's actions; returns its outcome once it is over.
+    fn act(&mut self, round: &Round<WireFailure>, actions: Vec<Action<WireFailure>>) -> Option<Outcome<WireFailure>> {
+        let mut over = None;
+        for action in actions {
+            match action {
+                Action::Start => self.tell(round, ToWorker::Start(round.attempt())),
+                Action::Cancel => self.tell(round, ToWorker::Cancel(round.attempt())),
+                Action::Drop(id) => {
+                    self.roster.remove(id);
+                    if let Some(w) = self.conns.remove(&id) {
+                        tracing::warn!("worker {} did not stop its subtasks when cancelled; dropping it", w.label());
+                        w.tx.close();
+                    }
+                }
+                Action::Over(o) => over = Some(o),
+            }
+        }
+        over
+    }
+
+    fn tell(&self, round: &Round<WireFailure>, m: ToWorker) {
+        for id in round.members() {
+            if let Some(w) = self.conns.get(id) {
+                let _ = w.tx.send(&m);
+            }
+        }
+    }
+
+    /// Waits until every member built its part and starts them (`None`), or the attempt
+    /// cannot start.
     fn await_ready(
         &mut self,
         a: &Attempt<'_>,
-        attempt: AttemptNo,
-        members: &[u64],
-        labels: &BTreeMap<u64, String>,
+        round: &mut Round<WireFailure>,
+        run: &Running<'_>,
         first_task: &dyn Fn(u64) -> TaskId,
     ) -> Result<Option<AttemptEnd>, RunError> {
-        let g = &a.job.graph;
-        let mut ready = BTreeSet::new();
-        while ready.len() < members.len() {
-            let failure = match self.poll(Duration::from_millis(100)) {
-                Some(Note::Message(id, ToCoordinator::Ready(n))) if n == attempt && members.contains(&id) => {
-                    ready.insert(id);
-                    continue;
+        while !round.is_started() {
+            let note = self.poll(Duration::from_millis(100));
+            let now = self.now();
+            let actions = match note {
+                Some(Note::Message(id, ToCoordinator::Ready(n))) => round.on_ready(id, n),
+                Some(Note::Message(id, ToCoordinator::DeployFailed { attempt: n, failure })) => {
+                    let setup = failure.setup;
+                    round.on_deploy_failed(id, n, failure, setup, now)
                 }
-                Some(Note::Message(id, ToCoordinator::DeployFailed { attempt: n, failure }))
-                    if n == attempt && members.contains(&id) =>
-                {
-                    if failure.setup {
-                        self.cancel(attempt, members);
-                        return Err(RunError::Setup {
-                            job: g.name.clone(),
-                            message: format!("on worker {}: {}", labels[&id], failure.message),
-                        });
-                    }
-                    let node = failure.node.clone();
-                    let mut f = failure.into_failure(&labels[&id]);
-                    if node == "-"
-                        && let TaskFailure::Remote { task, .. } = &mut f
-                    {
-                        *task = first_task(id);
-                    }
-                    f
-                }
-                Some(Note::Lost(id)) if members.contains(&id) => lost(first_task(id), &labels[&id]),
+                Some(Note::Lost(id)) => round.on_lost(id, now),
                 _ => continue,
             };
-            self.cancel(attempt, members);
-            return Ok(Some(AttemptEnd::Failed(failure)));
-        }
-        for id in members {
-            if let Some(w) = self.workers.get(id) {
-                let _ = w.tx.send(&ToWorker::Start(attempt));
+            match self.act(round, actions) {
+                Some(Outcome::Setup(id, f)) => {
+                    return Err(RunError::Setup {
+                        job: a.job.graph.name.clone(),
+                        message: format!("on worker {}: {}", run.labels[&id], f.message),
+                    });
+                }
+                Some(Outcome::Ended(faults)) => {
+                    let failure = faults.into_iter().map(|f| run.failure(f, first_task)).next();
+                    let failure = failure.expect("a round over before its start has a fault");
+                    return Ok(Some(AttemptEnd::Failed(failure)));
+                }
+                None => {}
             }
         }
         Ok(None)
-    }
-
-    fn cancel(&self, attempt: AttemptNo, members: &[u64]) {
-        for id in members {
-            if let Some(w) = self.workers.get(id) {
-                let _ = w.tx.send(&ToWorker::Cancel(attempt));
-            }
-        }
     }
 
     /// Runs the checkpoint coordinator of a started attempt and collects its workers' ends.
     fn follow(
         &mut self,
         a: &Attempt<'_>,
+        round: &mut Round<WireFailure>,
         run: &Running<'_>,
         first_task: &dyn Fn(u64) -> TaskId,
     ) -> Result<AttemptEnd, RunError> {
@@ -410,9 +420,9 @@ impl Cluster {
                     let (tx, rx) = unbounded::<Control>();
                     controls.push(tx);
                     let member = run.members[w as usize];
-                    routes.push((rx, si as u64, self.workers.get(&member).map(|c| c.tx.clone())));
+                    routes.push((rx, si as u64, self.conns.get(&member).map(|c| c.tx.clone())));
                 }
-                let attempt = run.attempt;
+                let attempt = round.attempt();
                 std::thread::spawn(move || forward_controls(attempt, routes));
                 let dcfg = local::driver_config(a, store, local::task_templates(run.plan));
                 Some(local::start_driver(a, store, dcfg, controls, events_rx, &stop)?)
@@ -421,32 +431,31 @@ impl Cluster {
         };
         let metrics: Vec<Arc<NodeMetrics>> =
             g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
-        let failures = self.collect_ends(g, run, &events_tx, &stop, &metrics, first_task);
+        let failures = self.collect_ends(g, round, run, &events_tx, &stop, &metrics, first_task);
         stop.store(true, Ordering::Relaxed);
         drop(events_tx);
         let coordinator_end = driver.map(|d| d.join());
         local::attempt_end(g, failures, coordinator_end, &metrics)
     }
 
-    /// Feeds the attempt's events to its checkpoint coordinator until every member's part has
-    /// ended; returns the failures. The first failure or loss cancels the others.
+    /// Feeds the attempt's events to its checkpoint coordinator until the round is over;
+    /// returns the failures.
+    #[allow(clippy::too_many_arguments)]
     fn collect_ends(
         &mut self,
         g: &crate::graph::logical::JobGraph,
+        round: &mut Round<WireFailure>,
         run: &Running<'_>,
         events: &Sender<Event>,
         stop: &AtomicBool,
         metrics: &[Arc<NodeMetrics>],
         first_task: &dyn Fn(u64) -> TaskId,
     ) -> Vec<TaskFailure> {
-        let mut ended = BTreeSet::new();
-        let mut failures = Vec::new();
-        let mut cancelled: Option<Instant> = None;
-        while ended.len() < run.members.len() {
-            match self.poll(Duration::from_millis(100)) {
-                Some(Note::Message(id, ToCoordinator::Event { attempt, event }))
-                    if attempt == run.attempt && run.members.contains(&id) =>
-                {
+        loop {
+            let note = self.poll(Duration::from_millis(100));
+            let now = self.now();
+            let mut actions = match note {
+                Some(Note::Message(id, ToCoordinator::Event { attempt, event })) if round.counts_event(id, attempt) => {
                     // Only events of subtasks this worker runs reach the checkpoint coordinator.
                     if run.runs(id, event_task(&event)) {
                         let _ = events.send(event);
@@ -456,51 +465,38 @@ impl Cluster {
                             run.labels[&id]
                         );
                     }
+                    Vec::new()
                 }
-                Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures: f, records }))
-                    if attempt == run.attempt && run.members.contains(&id) && !ended.contains(&id) =>
-                {
-                    ended.insert(id);
-                    for (uid, (rin, rout)) in records {
-                        if let Some(i) = g.nodes.iter().position(|n| n.id.as_str() == uid) {
-                            metrics[i].subtask(0).add_in(rin, 0);
-                            metrics[i].subtask(0).add_out(rout, 0);
+                Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures, records })) => {
+                    if round.counts_event(id, attempt) {
+                        for (uid, (rin, rout)) in records {
+                            if let Some(i) = g.nodes.iter().position(|n| n.id.as_str() == uid) {
+                                metrics[i].subtask(0).add_in(rin, 0);
+                                metrics[i].subtask(0).add_out(rout, 0);
+                            }
                         }
                     }
-                    failures.extend(f.into_iter().map(|f| f.into_failure(&run.labels[&id])));
+                    round.on_part_ended(id, attempt, failures, now)
                 }
-                Some(Note::Lost(id)) if run.members.contains(&id) && !ended.contains(&id) => {
-                    ended.insert(id);
-                    failures.push(lost(first_task(id), &run.labels[&id]));
-                }
-                _ => {}
-            }
-            if !failures.is_empty() && cancelled.is_none() {
-                cancelled = Some(Instant::now());
-                stop.store(true, Ordering::Relaxed);
-                self.cancel(run.attempt, run.members);
-            }
+                Some(Note::Lost(id)) => round.on_lost(id, now),
+                _ => Vec::new(),
+            };
             // A member that does not end its part within the heartbeat timeout of being
-            // cancelled (stuck behind a peer that stopped reading) is dropped like a lost one,
-            // so the job goes on without it.
-            if cancelled.is_some_and(|t| t.elapsed() > self.cfg.heartbeat_timeout) {
-                for &id in run.members.iter().filter(|id| !ended.contains(id)).collect::<Vec<_>>() {
-                    if let Some(w) = self.workers.remove(&id) {
-                        tracing::warn!("worker {} did not stop its subtasks when cancelled; dropping it", w.label());
-                        w.tx.close();
-                    }
-                    ended.insert(id);
-                    failures.push(lost(first_task(id), &run.labels[&id]));
-                }
+            // cancelled (stuck behind a peer that stopped reading) is dropped like a lost one.
+            actions.extend(round.on_tick(now));
+            if actions.contains(&Action::Cancel) {
+                stop.store(true, Ordering::Relaxed);
+            }
+            if let Some(outcome) = self.act(round, actions) {
+                let Outcome::Ended(faults) = outcome else { unreachable!("a started round has no setup outcome") };
+                return faults.into_iter().map(|f| run.failure(f, first_task)).collect();
             }
         }
-        failures
     }
 }
 
 /// A started attempt.
 struct Running<'a> {
-    attempt: AttemptNo,
     members: &'a [u64],
     labels: &'a BTreeMap<u64, String>,
     /// Per global task: the index in `members` of its worker.
@@ -512,6 +508,22 @@ impl Running<'_> {
     /// Whether member `id` runs global task `task`.
     fn runs(&self, id: u64, task: usize) -> bool {
         self.worker_of.get(task).is_some_and(|&w| self.members.get(w as usize) == Some(&id))
+    }
+
+    /// A round's fault as a task failure (a part-wide one is blamed on the member's first
+    /// subtask).
+    fn failure(&self, f: Fault<WireFailure>, first_task: &dyn Fn(u64) -> TaskId) -> TaskFailure {
+        match f {
+            Fault::Lost(id) => lost(first_task(id), &self.labels[&id]),
+            Fault::Reported(id, w) => {
+                let part_wide = w.node == "-";
+                let mut f = w.into_failure(&self.labels[&id]);
+                if part_wide && let TaskFailure::Remote { task, .. } = &mut f {
+                    *task = first_task(id);
+                }
+                f
+            }
+        }
     }
 }
 

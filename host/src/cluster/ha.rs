@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::lease::{self, RecordResult, RecordStep};
 use crate::io_runtime::io_runtime;
 
 /// The exit status of a coordinator that lost its leadership.
@@ -229,15 +230,16 @@ impl Leadership {
     pub fn record_checkpoint(&self, path: &Path) {
         let value = path.to_string_lossy().as_bytes().to_vec();
         loop {
-            match self.put("checkpoint", value.clone()) {
-                Ok(()) => return,
-                Err(e @ HaError::Deposed { .. }) => deposed(&self.cfg.cluster, &e.to_string()),
-                Err(e) if now_ms() >= self.valid_until.load(Ordering::Relaxed) => deposed(
-                    &self.cfg.cluster,
-                    &format!("recording checkpoint {} failed until the lease ran out: {e}", path.display()),
-                ),
-                Err(e) => {
-                    tracing::warn!("recording checkpoint {} in etcd: {e}; retrying", path.display());
+            let r = match self.put("checkpoint", value.clone()) {
+                Ok(()) => RecordResult::Stored,
+                Err(HaError::Deposed { .. }) => RecordResult::Refused,
+                Err(e) => RecordResult::Failed(e.to_string()),
+            };
+            match lease::after_record(r, now_ms(), self.valid_until.load(Ordering::Relaxed)) {
+                RecordStep::Done => return,
+                RecordStep::Stop(why) => deposed(&self.cfg.cluster, &format!("checkpoint {}: {why}", path.display())),
+                RecordStep::Retry => {
+                    tracing::warn!("recording checkpoint {} in etcd failed; retrying", path.display());
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
@@ -271,7 +273,7 @@ fn etcd_err(cfg: &HaConfig, what: &str, message: String) -> HaError {
 fn watchdog(valid_until: &AtomicU64, cluster: &str) {
     loop {
         let (now, until) = (now_ms(), valid_until.load(Ordering::Relaxed));
-        if now >= until {
+        if !lease::leads(now, until) {
             deposed(cluster, "etcd renewed none of its lease within the lease's time to live");
         }
         std::thread::sleep(Duration::from_millis((until - now).min(100)));
@@ -308,8 +310,10 @@ async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, valid_until: 
             None => Ok(None),
         };
         match answer {
-            Ok(Some(r)) if r.ttl() > 0 => valid_until.store(sent + r.ttl() as u64 * 1000, Ordering::Relaxed),
-            Ok(Some(_)) => deposed(&cluster, "etcd says its lease expired"),
+            Ok(Some(r)) => match lease::renewed_until(sent, r.ttl()) {
+                Some(until) => valid_until.store(until, Ordering::Relaxed),
+                None => deposed(&cluster, "etcd says its lease expired"),
+            },
             _ => keeper = None,
         }
     }

@@ -1,10 +1,16 @@
 //! One job over many processes: `weir coordinator` places and checkpoints attempts
 //! (`coordinator.rs`), `weir worker` runs the subtasks placed in its slots (`worker.rs`); they
 //! talk over a control connection (`pipe.rs`, `protocol.rs`), and subtasks on different
-//! workers over the data plane (`runtime/net/`).
+//! workers over the data plane (`runtime/net/`). The protocol's decisions are pure state
+//! machines (`roster.rs`, `round.rs` on the coordinator, `follower.rs` on a worker, `lease.rs`
+//! for the leader), run by these shells and by the `cluster_sim_` simulation alike.
 
 pub mod coordinator;
+pub mod follower;
 pub mod ha;
+pub mod lease;
 pub mod pipe;
 pub mod protocol;
+pub mod roster;
+pub mod round;
 pub mod worker;

@@ -23,6 +23,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use wasmtime::Engine;
 
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
+use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
 use crate::cluster::protocol::{AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireFailure};
 use crate::graph::physical::PhysicalPlan;
@@ -125,7 +126,6 @@ struct Prepared {
 enum Current {
     Prepared(AttemptNo, Box<Prepared>),
     Running {
-        attempt: AttemptNo,
         controls: Vec<Option<Sender<Control>>>,
         cancel: Arc<AtomicBool>,
         stop: Arc<AtomicBool>,
@@ -141,8 +141,9 @@ struct Worker {
     data_addr: SocketAddr,
     jobs: HashMap<String, Arc<BoundJob>>,
     current: Option<Current>,
-    /// The newest leader epoch followed.
-    epoch: u64,
+    /// The protocol's decisions: whom to follow, which attempt to obey.
+    follower: Follower,
+    clock: Instant,
 }
 
 /// Runs the worker until the coordinator refuses it; reconnects whenever the coordinator
@@ -168,7 +169,16 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         None => inbound.addr(),
     };
     tracing::info!("worker `{}`: {} slot(s), channels on {data_addr}", cfg.name, cfg.slots);
-    let mut w = Worker { cfg, engine, inbound, data_addr, jobs: HashMap::new(), current: None, epoch: 0 };
+    let mut w = Worker {
+        cfg,
+        engine,
+        inbound,
+        data_addr,
+        jobs: HashMap::new(),
+        current: None,
+        follower: Follower::new(),
+        clock: Instant::now(),
+    };
     let mut announced = false;
     for name in w.cfg.coordinators.clone().into_iter().cycle() {
         // Resolved at every try: a coordinator's name may move (a Kubernetes pod restarted).
@@ -198,6 +208,7 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
             Err(_) => {}
         }
         // Cut off from the coordinator: nothing of its attempts may go on here.
+        w.follower.disconnected();
         w.end_current();
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -225,40 +236,32 @@ impl Worker {
         }
         let alive = Arc::new(AtomicBool::new(true));
         let _guard = Alive(alive.clone());
-        let mut last_heard = Instant::now();
-        let mut silence = Duration::from_secs(30);
-        let mut welcomed = false;
+        self.follower.connected(self.now());
         loop {
             let m = match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) if last_heard.elapsed() > silence => {
-                    tracing::warn!(
-                        "worker `{}`: the coordinator at {at} sent nothing for {} ms; leaving it",
-                        self.cfg.name,
-                        silence.as_millis()
-                    );
-                    tx.close();
-                    return Ok(welcomed);
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(silence) = self.follower.silent(self.now()) {
+                        tracing::warn!(
+                            "worker `{}`: the coordinator at {at} sent nothing for {silence} ms; leaving it",
+                            self.cfg.name,
+                        );
+                        tx.close();
+                        return Ok(self.follower.following());
+                    }
+                    continue;
                 }
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return Ok(welcomed),
+                Err(RecvTimeoutError::Disconnected) => return Ok(self.follower.following()),
             };
-            last_heard = Instant::now();
+            self.follower.heard(self.now());
             match m {
                 ToWorker::Heartbeat => {}
-                ToWorker::Welcome { epoch, .. } if epoch < self.epoch => {
-                    tracing::warn!(
-                        "worker `{}`: the coordinator at {at} leads epoch {epoch}, older than epoch {} this worker followed; it was deposed, ignoring it",
-                        self.cfg.name,
-                        self.epoch
-                    );
-                    tx.close();
-                    return Ok(false);
-                }
                 ToWorker::Welcome { heartbeat_ms, epoch } => {
-                    self.epoch = epoch;
-                    welcomed = true;
-                    silence = Duration::from_millis(heartbeat_ms.max(10) * 5);
+                    if let Err(why) = self.follower.on_welcome(epoch, heartbeat_ms, self.now()) {
+                        tracing::warn!("worker `{}`: the coordinator at {at}: {why}; leaving it", self.cfg.name);
+                        tx.close();
+                        return Ok(false);
+                    }
                     let (tx, alive) = (tx.clone(), alive.clone());
                     std::thread::spawn(move || {
                         while alive.load(Ordering::Relaxed) && tx.send(&ToCoordinator::Heartbeat).is_ok() {
@@ -274,23 +277,34 @@ impl Worker {
                 ToWorker::Component { digest, bytes } => self.keep_component(&digest, &bytes),
                 ToWorker::Deploy(d) => {
                     let attempt = d.attempt;
+                    if self.follower.on_deploy(attempt) == DeployStep::Stale {
+                        tracing::warn!("worker `{}`: ignored a deployment of old attempt {attempt}", self.cfg.name);
+                        continue;
+                    }
                     let reply = match self.deploy(*d) {
                         Ok(()) => ToCoordinator::Ready(attempt),
-                        Err(failure) => ToCoordinator::DeployFailed { attempt, failure },
+                        Err(failure) => {
+                            self.follower.deploy_failed(attempt);
+                            ToCoordinator::DeployFailed { attempt, failure }
+                        }
                     };
                     let _ = tx.send(&reply);
                 }
-                ToWorker::Start(attempt) => self.start(attempt, tx),
+                ToWorker::Start(attempt) => {
+                    if self.follower.on_start(attempt) {
+                        self.start(attempt, tx);
+                    }
+                }
                 ToWorker::Control { attempt, task, control } => {
-                    if let Some(Current::Running { attempt: a, controls, .. }) = &self.current
-                        && *a == attempt
+                    if self.follower.obeys(attempt)
+                        && let Some(Current::Running { controls, .. }) = &self.current
                         && let Some(Some(c)) = controls.get(task as usize)
                     {
                         let _ = c.send(control.into_control());
                     }
                 }
                 ToWorker::Cancel(attempt) => {
-                    if self.current_attempt() == Some(attempt) {
+                    if self.follower.on_cancel(attempt) {
                         self.end_current();
                     }
                 }
@@ -298,11 +312,8 @@ impl Worker {
         }
     }
 
-    fn current_attempt(&self) -> Option<AttemptNo> {
-        match &self.current {
-            Some(Current::Prepared(a, _)) | Some(Current::Running { attempt: a, .. }) => Some(*a),
-            None => None,
-        }
+    fn now(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
     }
 
     /// Cancels the current attempt and waits until its subtasks have exited.
@@ -478,7 +489,7 @@ impl Worker {
             let failures = failures.iter().map(WireFailure::of).collect();
             let _ = tx.send(&ToCoordinator::PartEnded { attempt, failures, records });
         });
-        self.current = Some(Current::Running { attempt, controls, cancel, stop, runner });
+        self.current = Some(Current::Running { controls, cancel, stop, runner });
     }
 }
 
