@@ -320,11 +320,12 @@ impl CheckpointStore {
         Ok(None)
     }
 
-    /// Like [`CheckpointStore::latest`], among checkpoints with id `>= first` only: this
-    /// run's own, which the local directory holds (also when mirrored: a manifest is
-    /// written locally only after the object store took it).
-    pub fn latest_since(&self, first: u64, mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
-        for l in self.list().into_iter().rev().filter(|l| l.id >= first) {
+    /// The newest of the checkpoints `ids` that loads: a run restarts only from a checkpoint
+    /// it completed itself, never from one another process left (with coordinators on etcd, a
+    /// deposed leader may publish a manifest it could not record; restoring it would commit
+    /// its transactions behind the next leader's back).
+    pub fn latest_of(&self, ids: &[u64], mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
+        for l in self.list().into_iter().rev().filter(|l| ids.contains(&l.id)) {
             match load(&l.path) {
                 Ok(c) => return Some(c),
                 Err(e) => skipped(&e),
@@ -639,6 +640,27 @@ mod tests {
         assert!(skipped[0].contains("chk-4") && skipped[0].contains("incomplete"), "{skipped:?}");
         assert!(skipped[1].contains("chk-3") && skipped[1].contains("checksum"), "{skipped:?}");
         assert_eq!(store.max_id(), 4);
+    }
+
+    /// A restart restores only checkpoints its run completed: a newer manifest someone else
+    /// left (a deposed leader's, unrecorded) is passed over, a corrupt own one skipped.
+    #[test]
+    fn a_restart_restores_the_newest_checkpoint_its_own_run_completed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        for id in 1..=4 {
+            complete(&store, id);
+        }
+        let c = store.latest_of(&[1, 2, 3], |_| {}).unwrap();
+        assert_eq!(c.manifest.checkpoint_id, 3, "4 is not this run's");
+        let f = store.chk_dir(CheckpointId(3)).join("op-0.state");
+        let mut b = fs::read(&f).unwrap();
+        b[0] ^= 0xff;
+        fs::write(&f, b).unwrap();
+        let mut skipped = Vec::new();
+        assert_eq!(store.latest_of(&[1, 2, 3], |e| skipped.push(e.to_string())).unwrap().manifest.checkpoint_id, 2);
+        assert!(skipped[0].contains("chk-3"), "{skipped:?}");
+        assert!(store.latest_of(&[], |_| {}).is_none());
     }
 
     /// A manifest is never replaced: a second publish of the same id (a deposed coordinator

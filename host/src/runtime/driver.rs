@@ -128,6 +128,28 @@ pub enum DriverEnd {
 pub struct Completed {
     /// Number completed.
     pub count: std::sync::atomic::AtomicU64,
+    /// The newest ids completed (at most [`Completed::KEPT`]), oldest first.
+    ids: std::sync::Mutex<std::collections::VecDeque<u64>>,
+}
+
+impl Completed {
+    /// How many of the newest completed ids are remembered.
+    pub const KEPT: usize = 16;
+
+    /// Checkpoint `id` completed: published, and recorded where a gate asks for it.
+    pub fn record(&self, id: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.push_back(id);
+        while ids.len() > Self::KEPT {
+            ids.pop_front();
+        }
+    }
+
+    /// The newest ids this run completed, oldest first.
+    pub fn ids(&self) -> Vec<u64> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect()
+    }
 }
 
 pub(crate) fn unix_ms() -> u64 {
@@ -472,7 +494,7 @@ pub fn run(
                     // History first: whoever sees the count rise (status, /metrics) finds the
                     // checkpoint's metrics there.
                     let _ = store.append_history(&manifest.metrics);
-                    completed.count.fetch_add(1, Ordering::Relaxed);
+                    completed.record(id.0);
                     if let Some(st) = &cfg.status {
                         let mut st = st.lock().unwrap();
                         st.checkpoints += 1;

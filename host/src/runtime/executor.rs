@@ -330,8 +330,6 @@ fn run_attempts(
     let mut original_dropped = BTreeMap::new();
     let mut demoted = false;
     let mut repeated = crate::runtime::repeated_failure::RepeatedFailure::default();
-    // Checkpoints of this run have ids from here on; older ones on disk are another run's.
-    let first_id = store.map_or(0, |s| s.max_id().saturating_add(1));
     loop {
         if let Some(c) = &restore {
             let what = match c.manifest.kind {
@@ -416,9 +414,9 @@ fn run_attempts(
                     });
                 }
                 restore = match store {
-                    // The newest checkpoint of this run, else where this run started (never a
-                    // newer checkpoint another run left behind).
-                    Some(s) => s.latest_since(first_id, warn).or(restore),
+                    // The newest checkpoint this run completed, else where this run started
+                    // (never a newer checkpoint another run or a deposed leader left behind).
+                    Some(s) => s.latest_of(&completed.ids(), warn).or(restore),
                     None => None,
                 };
                 let from = restore
