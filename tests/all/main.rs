@@ -6,6 +6,7 @@
 mod boundary;
 mod cluster;
 mod cluster_ha;
+mod cluster_sim;
 mod connectors;
 mod cycles;
 mod errors;
