@@ -206,6 +206,10 @@ enum Command {
         /// How long an attempt waits for enough slots before the job fails.
         #[arg(long, default_value_t = 300)]
         slot_wait_secs: u64,
+        /// A worker that has not built its part of an attempt this long after the deployment
+        /// is dropped and the attempt restarts without it.
+        #[arg(long, default_value_t = 300)]
+        deploy_timeout_secs: u64,
         /// The job first starts once this many workers have registered.
         #[arg(long, default_value_t = 1)]
         workers: usize,
@@ -438,6 +442,7 @@ fn real_main(cli: Cli) -> Result<()> {
             secret_file,
             heartbeat_timeout_ms,
             slot_wait_secs,
+            deploy_timeout_secs,
             workers,
             restore,
             allow_non_restored_state,
@@ -453,6 +458,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 heartbeat: Duration::from_millis((heartbeat_timeout_ms / 5).clamp(10, 1000)),
                 heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
                 slot_wait: Duration::from_secs(slot_wait_secs),
+                deploy_timeout: Duration::from_secs(deploy_timeout_secs.max(1)),
                 min_workers: workers,
                 epoch: 0,
             };

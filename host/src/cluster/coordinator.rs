@@ -50,6 +50,9 @@ pub struct CoordinatorConfig {
     pub heartbeat_timeout: Duration,
     /// How long an attempt waits for enough slots before the job fails.
     pub slot_wait: Duration,
+    /// A worker that has not built its part of an attempt this long after the deployment is
+    /// dropped (the attempt restarts without it).
+    pub deploy_timeout: Duration,
     /// The first attempt waits for this many workers (so a job spreads over the cluster
     /// being started, not over its first worker); restarts need only enough slots.
     pub min_workers: usize,
@@ -307,7 +310,9 @@ impl Cluster {
             TaskId { node: g.nodes[s.node].id.clone(), subtask: SubtaskIndex(s.subtask) }
         };
         let run = Running { members: &members, labels: &labels, worker_of: &worker_of, plan: &plan };
-        let mut round = Round::new(attempt, members.clone(), self.cfg.heartbeat_timeout.as_millis() as u64);
+        let deadline = self.now() + self.cfg.deploy_timeout.as_millis() as u64;
+        let mut round = Round::new(attempt, members.clone(), self.cfg.heartbeat_timeout.as_millis() as u64)
+            .with_deploy_deadline(deadline);
         if let Some(end) = self.await_ready(a, &mut round, &run, &first_task)? {
             return Ok(end);
         }
@@ -344,7 +349,12 @@ impl Cluster {
                 Action::Drop(id) => {
                     self.roster.remove(id);
                     if let Some(w) = self.conns.remove(&id) {
-                        tracing::warn!("worker {} did not stop its subtasks when cancelled; dropping it", w.label());
+                        let what = if round.is_started() {
+                            "did not stop its subtasks when cancelled"
+                        } else {
+                            "did not build its part of the attempt within the deploy timeout"
+                        };
+                        tracing::warn!("worker {} {what}; dropping it", w.label());
                         w.tx.close();
                     }
                 }
@@ -374,15 +384,18 @@ impl Cluster {
         while !round.is_started() {
             let note = self.poll(Duration::from_millis(100));
             let now = self.now();
-            let actions = match note {
+            let mut actions = match note {
                 Some(Note::Message(id, ToCoordinator::Ready(n))) => round.on_ready(id, n),
                 Some(Note::Message(id, ToCoordinator::DeployFailed { attempt: n, failure })) => {
                     let setup = failure.setup;
                     round.on_deploy_failed(id, n, failure, setup, now)
                 }
                 Some(Note::Lost(id)) => round.on_lost(id, now),
-                _ => continue,
+                _ => Vec::new(),
             };
+            if actions.is_empty() {
+                actions = round.on_tick(now);
+            }
             match self.act(round, actions) {
                 Some(Outcome::Setup(id, f)) => {
                     return Err(RunError::Setup {

@@ -1,7 +1,9 @@
 //! One attempt of a job on the cluster, from the coordinator's side, as a pure state machine:
 //! deployed to its members, started once every member built its part, cancelled at the first
 //! fault, over when every member's part has ended (or a member that does not end its part
-//! within the timeout of being cancelled is dropped). Time is milliseconds on any monotonic
+//! within the timeout of being cancelled is dropped). A member that has not built its part
+//! within the deploy timeout is dropped like a lost one (a worker hung on storage must not
+//! hold the job forever). Time is milliseconds on any monotonic
 //! clock; `coordinator.rs` and the `cluster_sim_` tests are the shells that carry out its
 //! actions.
 //!
@@ -53,6 +55,7 @@ pub struct Round<F> {
     attempt: AttemptNo,
     members: Vec<u64>,
     cancel_timeout_ms: u64,
+    deploy_deadline: Option<u64>,
     ready: BTreeSet<u64>,
     started: bool,
     ended: BTreeSet<u64>,
@@ -69,6 +72,7 @@ impl<F> Round<F> {
             attempt,
             members,
             cancel_timeout_ms,
+            deploy_deadline: None,
             ready: BTreeSet::new(),
             started: false,
             ended: BTreeSet::new(),
@@ -76,6 +80,12 @@ impl<F> Round<F> {
             cancelled_at: None,
             over: false,
         }
+    }
+
+    /// Members that have not built their part by `deadline` are dropped at the next tick.
+    pub fn with_deploy_deadline(mut self, deadline: u64) -> Round<F> {
+        self.deploy_deadline = Some(deadline);
+        self
     }
 
     /// The attempt number.
@@ -159,8 +169,19 @@ impl<F> Round<F> {
         out
     }
 
-    /// Time passed: drops members that did not end their part in time after a cancel.
+    /// Time passed: drops members that did not build their part by the deploy deadline, or
+    /// did not end it in time after a cancel.
     pub fn on_tick(&mut self, now: u64) -> Vec<Action<F>> {
+        if !self.started
+            && !self.over
+            && self.deploy_deadline.is_some_and(|d| now > d)
+            && let Some(&late) = self.members.iter().find(|id| !self.ready.contains(id))
+        {
+            self.ended.insert(late);
+            let mut out = vec![Action::Drop(late)];
+            out.extend(self.fault(Fault::Lost(late), now));
+            return out;
+        }
         let Some(at) = self.cancelled_at else { return Vec::new() };
         if self.over || now.saturating_sub(at) <= self.cancel_timeout_ms {
             return Vec::new();
@@ -251,6 +272,18 @@ mod tests {
         assert!(r.on_tick(110).is_empty(), "3 still within the timeout");
         let out = r.on_part_ended(3, 1, vec![], 50);
         assert_eq!(out, vec![Action::Over(Outcome::Ended(vec![Fault::Reported(1, "boom"), Fault::Lost(2)]))]);
+    }
+
+    #[test]
+    fn cluster_round_a_member_that_never_builds_its_part_is_dropped_at_the_deploy_deadline() {
+        let mut r = R::new(1, vec![1, 2], 100).with_deploy_deadline(50);
+        r.on_ready(1, 1);
+        assert!(r.on_tick(50).is_empty(), "the deadline itself is still in time");
+        let out = r.on_tick(51);
+        assert_eq!(out, vec![Action::Drop(2), Action::Cancel, Action::Over(Outcome::Ended(vec![Fault::Lost(2)]))]);
+        let mut r = R::new(1, vec![1], 100).with_deploy_deadline(50);
+        r.on_ready(1, 1);
+        assert!(r.on_tick(500).is_empty(), "started: the deploy deadline no longer applies");
     }
 
     #[test]

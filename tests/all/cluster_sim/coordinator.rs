@@ -25,6 +25,7 @@ use super::{HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS, P};
 const TICK_MS: Ms = 25;
 const RESTART_DELAY_MS: Ms = 200;
 const PUT_TIMEOUT_MS: Ms = 1000;
+const DEPLOY_TIMEOUT_MS: Ms = 3_000;
 
 fn settings() -> CheckpointSettings {
     CheckpointSettings { interval_ms: 300, timeout_ms: 5_000, min_pause_ms: 0, max_concurrent: 1, retained: 3 }
@@ -469,7 +470,7 @@ impl Coord {
             w.send(Node::Coord(self.id), Node::Worker(l.conns[conn]), Msg::Deploy { conn: *conn, d });
         }
         l.run = Some(Run {
-            round: Round::new(attempt, members, HEARTBEAT_TIMEOUT_MS),
+            round: Round::new(attempt, members, HEARTBEAT_TIMEOUT_MS).with_deploy_deadline(w.now + DEPLOY_TIMEOUT_MS),
             worker_of,
             ckpt: Coordinator::new(settings(), 2 * P, first_id),
             finished: BTreeSet::new(),

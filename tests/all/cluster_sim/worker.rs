@@ -222,7 +222,9 @@ impl Worker {
         match msg {
             Msg::NoListener { .. } => self.leave(w, false),
             Msg::Closed { .. } => self.leave(w, false),
-            Msg::Welcome { epoch, heartbeat_ms, .. } if self.follower.on_welcome(epoch, heartbeat_ms, w.now).is_err() => {
+            Msg::Welcome { epoch, heartbeat_ms, .. }
+                if self.follower.on_welcome(epoch, heartbeat_ms, w.now).is_err() =>
+            {
                 w.stats.stale_dropped += 1;
                 self.leave(w, true);
             }
