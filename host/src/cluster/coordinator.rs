@@ -31,6 +31,7 @@ use crate::operator::OperatorFactory;
 use crate::runtime::control::{Control, Event};
 use crate::runtime::error::{RunError, TaskFailure};
 use crate::runtime::executor::{AttemptEnd, RunOptions, RunSummary, run_deployed};
+use crate::runtime::latency::{LatencyHistogram, WireLatency};
 use crate::runtime::local::{self, Attempt};
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::net::tls::ClusterTls;
@@ -480,14 +481,9 @@ impl Cluster {
                     }
                     Vec::new()
                 }
-                Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures, records })) => {
+                Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures, records, latency })) => {
                     if round.counts_event(id, attempt) {
-                        for (uid, (rin, rout)) in records {
-                            if let Some(i) = g.nodes.iter().position(|n| n.id.as_str() == uid) {
-                                metrics[i].subtask(0).add_in(rin, 0);
-                                metrics[i].subtask(0).add_out(rout, 0);
-                            }
-                        }
+                        add_part_metrics(g, metrics, records, latency);
                     }
                     round.on_part_ended(id, attempt, failures, now)
                 }
@@ -537,6 +533,31 @@ impl Running<'_> {
                 f
             }
         }
+    }
+}
+
+/// Adds a part's record counts and latency histograms to the attempt's metrics (a histogram
+/// that does not decode is dropped with a warning).
+fn add_part_metrics(
+    g: &crate::graph::logical::JobGraph,
+    metrics: &[Arc<NodeMetrics>],
+    records: BTreeMap<String, (u64, u64)>,
+    latency: BTreeMap<String, WireLatency>,
+) {
+    let node = |uid: &str| g.nodes.iter().position(|n| n.id.as_str() == uid);
+    for (uid, (rin, rout)) in records {
+        if let Some(i) = node(&uid) {
+            metrics[i].subtask(0).add_in(rin, 0);
+            metrics[i].subtask(0).add_out(rout, 0);
+        }
+    }
+    for (uid, wire) in latency {
+        let (Some(i), Some(h)) = (node(&uid), LatencyHistogram::from_wire(&wire)) else {
+            tracing::warn!("a worker sent a latency histogram for `{uid}` that does not fit; dropped");
+            continue;
+        };
+        let mut m = metrics[i].latency.lock().unwrap_or_else(|e| e.into_inner());
+        m.get_or_insert_with(LatencyHistogram::default).merge(&h);
     }
 }
 

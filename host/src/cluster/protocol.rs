@@ -16,9 +16,10 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{CheckpointId, NodeId, SubtaskIndex, TaskId};
 use crate::runtime::control::{Control, Event};
 use crate::runtime::error::TaskFailure;
+use crate::runtime::latency::WireLatency;
 
 /// Bumped when a message changes; a worker of another version is refused at registration.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The largest message (a component is shipped in one).
 pub const MAX_MESSAGE: usize = 256 << 20;
@@ -73,6 +74,8 @@ pub enum ToCoordinator {
         failures: Vec<WireFailure>,
         /// Records in and out per node uid.
         records: BTreeMap<String, (u64, u64)>,
+        /// Latency-measuring sinks' histograms per node uid.
+        latency: BTreeMap<String, WireLatency>,
     },
 }
 
@@ -334,7 +337,12 @@ mod tests {
                     },
                 },
             },
-            ToCoordinator::PartEnded { attempt: 3, failures: vec![], records: BTreeMap::from([("a".into(), (1, 2))]) },
+            ToCoordinator::PartEnded {
+                attempt: 3,
+                failures: vec![],
+                records: BTreeMap::from([("a".into(), (1, 2))]),
+                latency: BTreeMap::new(),
+            },
         ];
         let mut bytes = Vec::new();
         for m in &msgs {

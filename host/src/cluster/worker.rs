@@ -486,8 +486,17 @@ impl Worker {
             // connection does; the attempt is over for the coordinator either way.
             drop(forwarders);
             let records = g.nodes.iter().zip(&metrics).map(|(n, m)| (n.id.to_string(), m.read())).collect();
+            let latency = g
+                .nodes
+                .iter()
+                .zip(&metrics)
+                .filter_map(|(n, m)| {
+                    let h = m.latency.lock().unwrap_or_else(|e| e.into_inner());
+                    h.as_ref().map(|h| (n.id.to_string(), h.to_wire()))
+                })
+                .collect();
             let failures = failures.iter().map(WireFailure::of).collect();
-            let _ = tx.send(&ToCoordinator::PartEnded { attempt, failures, records });
+            let _ = tx.send(&ToCoordinator::PartEnded { attempt, failures, records, latency });
         });
         self.current = Some(Current::Running { controls, cancel, stop, runner });
     }

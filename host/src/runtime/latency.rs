@@ -47,7 +47,38 @@ pub struct LatencySummary {
     pub mean_ms: f64,
 }
 
+/// A histogram as it crosses the network: only the buckets that hold samples.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WireLatency {
+    /// (bucket index, samples) of the non-empty buckets.
+    pub buckets: Vec<(u32, u64)>,
+    /// Samples above the last bucket.
+    pub overflow: u64,
+    /// Largest sample, µs.
+    pub max_us: u64,
+    /// Samples.
+    pub count: u64,
+    /// Sum of the samples, µs.
+    pub sum_us: u64,
+}
+
 impl LatencyHistogram {
+    /// The histogram for the wire.
+    pub fn to_wire(&self) -> WireLatency {
+        let buckets = self.buckets.iter().enumerate().filter(|(_, n)| **n > 0).map(|(i, n)| (i as u32, *n)).collect();
+        WireLatency { buckets, overflow: self.overflow, max_us: self.max_us, count: self.count, sum_us: self.sum_us }
+    }
+
+    /// A histogram from the wire; `None` if a bucket index is out of range.
+    pub fn from_wire(w: &WireLatency) -> Option<LatencyHistogram> {
+        let mut h = LatencyHistogram::default();
+        for &(i, n) in &w.buckets {
+            *h.buckets.get_mut(i as usize)? += n;
+        }
+        (h.overflow, h.max_us, h.count, h.sum_us) = (w.overflow, w.max_us, w.count, w.sum_us);
+        Some(h)
+    }
+
     /// Records one latency.
     #[inline]
     pub fn record(&mut self, us: u64) {
@@ -153,6 +184,19 @@ mod tests {
         assert_eq!(h.summary().max_ms, 5000.0);
         assert_eq!(h.quantile_us(1.0), 5_000_000);
         assert_eq!(LatencyHistogram::default().summary().p99_ms, 0.0);
+    }
+
+    #[test]
+    fn cluster_latency_a_histogram_crosses_the_wire_unchanged_and_a_bad_bucket_is_refused() {
+        let mut h = LatencyHistogram::default();
+        for us in [150, 2_500, 2_500, 3_000_000] {
+            h.record(us);
+        }
+        let w = h.to_wire();
+        assert_eq!(w.buckets.len(), 2, "{w:?}");
+        assert_eq!(LatencyHistogram::from_wire(&w).unwrap().summary(), h.summary());
+        let bad = WireLatency { buckets: vec![(BUCKETS as u32, 1)], ..w };
+        assert!(LatencyHistogram::from_wire(&bad).is_none());
     }
 
     #[test]
