@@ -206,8 +206,8 @@ enum Command {
         /// How long an attempt waits for enough slots before the job fails.
         #[arg(long, default_value_t = 300)]
         slot_wait_secs: u64,
-        /// A worker that has not built its part of an attempt this long after the deployment
-        /// is dropped and the attempt restarts without it.
+        /// Workers that have not built their part of an attempt this long after the
+        /// deployment are dropped and the attempt is redeployed (raise it for slow restores).
         #[arg(long, default_value_t = 300)]
         deploy_timeout_secs: u64,
         /// The job first starts once this many workers have registered.

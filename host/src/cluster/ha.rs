@@ -230,16 +230,18 @@ impl Leadership {
     pub fn record_checkpoint(&self, path: &Path) {
         let value = path.to_string_lossy().as_bytes().to_vec();
         loop {
-            let r = match self.put("checkpoint", value.clone()) {
-                Ok(()) => RecordResult::Stored,
-                Err(HaError::Deposed { .. }) => RecordResult::Refused,
-                Err(e) => RecordResult::Failed(e.to_string()),
+            let (r, detail) = match self.put("checkpoint", value.clone()) {
+                Ok(()) => (RecordResult::Stored, String::new()),
+                Err(e @ HaError::Deposed { .. }) => (RecordResult::Refused, e.to_string()),
+                Err(e) => (RecordResult::Failed(e.to_string()), e.to_string()),
             };
             match lease::after_record(r, now_ms(), self.valid_until.load(Ordering::Relaxed)) {
                 RecordStep::Done => return,
-                RecordStep::Stop(why) => deposed(&self.cfg.cluster, &format!("checkpoint {}: {why}", path.display())),
+                RecordStep::Stop(why) => {
+                    deposed(&self.cfg.cluster, &format!("checkpoint {}: {why} ({detail})", path.display()))
+                }
                 RecordStep::Retry => {
-                    tracing::warn!("recording checkpoint {} in etcd failed; retrying", path.display());
+                    tracing::warn!("recording checkpoint {} in etcd failed ({detail}); retrying", path.display());
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }

@@ -120,7 +120,7 @@ impl<F> Round<F> {
 
     /// Member `id` built its part of `attempt`.
     pub fn on_ready(&mut self, id: u64, attempt: AttemptNo) -> Vec<Action<F>> {
-        if self.started || self.cancelled_at.is_some() || !self.live(id, attempt) {
+        if self.started || !self.live(id, attempt) {
             return Vec::new();
         }
         self.ready.insert(id);
@@ -172,14 +172,15 @@ impl<F> Round<F> {
     /// Time passed: drops members that did not build their part by the deploy deadline, or
     /// did not end it in time after a cancel.
     pub fn on_tick(&mut self, now: u64) -> Vec<Action<F>> {
-        if !self.started
-            && !self.over
-            && self.deploy_deadline.is_some_and(|d| now > d)
-            && let Some(&late) = self.members.iter().find(|id| !self.ready.contains(id))
-        {
-            self.ended.insert(late);
-            let mut out = vec![Action::Drop(late)];
-            out.extend(self.fault(Fault::Lost(late), now));
+        if !self.started && !self.over && self.deploy_deadline.is_some_and(|d| now > d) {
+            // Every late member at once: the next attempt must not meet them again one by one.
+            let late: Vec<u64> = self.members.iter().copied().filter(|id| !self.ready.contains(id)).collect();
+            self.ended.extend(late.iter().copied());
+            self.faults.extend(late.iter().map(|&id| Fault::Lost(id)));
+            let mut out: Vec<Action<F>> = late.into_iter().map(Action::Drop).collect();
+            self.over = true;
+            out.push(Action::Cancel);
+            out.push(Action::Over(Outcome::Ended(std::mem::take(&mut self.faults))));
             return out;
         }
         let Some(at) = self.cancelled_at else { return Vec::new() };
@@ -275,15 +276,30 @@ mod tests {
     }
 
     #[test]
-    fn cluster_round_a_member_that_never_builds_its_part_is_dropped_at_the_deploy_deadline() {
-        let mut r = R::new(1, vec![1, 2], 100).with_deploy_deadline(50);
+    fn cluster_round_members_that_never_build_their_part_are_all_dropped_at_the_deploy_deadline() {
+        let mut r = R::new(1, vec![1, 2, 3], 100).with_deploy_deadline(50);
         r.on_ready(1, 1);
         assert!(r.on_tick(50).is_empty(), "the deadline itself is still in time");
         let out = r.on_tick(51);
-        assert_eq!(out, vec![Action::Drop(2), Action::Cancel, Action::Over(Outcome::Ended(vec![Fault::Lost(2)]))]);
+        let over = Action::Over(Outcome::Ended(vec![Fault::Lost(2), Fault::Lost(3)]));
+        assert_eq!(out, vec![Action::Drop(2), Action::Drop(3), Action::Cancel, over]);
+        assert!(r.on_tick(52).is_empty() && r.on_ready(2, 1).is_empty(), "over once");
         let mut r = R::new(1, vec![1], 100).with_deploy_deadline(50);
         r.on_ready(1, 1);
         assert!(r.on_tick(500).is_empty(), "started: the deploy deadline no longer applies");
+    }
+
+    #[test]
+    fn cluster_round_ignores_ends_and_losses_of_strangers_and_other_attempts() {
+        let mut r = R::new(4, vec![1, 2], 100);
+        r.on_ready(1, 4);
+        r.on_ready(2, 4);
+        assert!(r.on_lost(9, 0).is_empty(), "not a member");
+        assert!(r.on_part_ended(1, 3, vec!["old"], 0).is_empty(), "another attempt");
+        assert!(r.on_part_ended(9, 4, vec!["x"], 0).is_empty());
+        assert!(r.on_deploy_failed(1, 4, "late", true, 0).is_empty(), "a setup failure after the start counts not");
+        assert_eq!(r.on_part_ended(1, 4, vec![], 1), vec![]);
+        assert!(!r.is_over());
     }
 
     #[test]

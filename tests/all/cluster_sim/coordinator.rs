@@ -229,6 +229,7 @@ impl Coord {
             Msg::PartEnded { attempt, failed, .. } => {
                 run.round.on_part_ended(conn, attempt, if failed { vec![()] } else { vec![] }, now)
             }
+            Msg::Ack { .. } if w.sabotage.ignore_acks.is_some_and(|(a, b)| (a..b).contains(&now)) => return,
             Msg::Ack { attempt, task, id, handle, .. } if run.round.counts_event(conn, attempt) => {
                 if runs(run, conn, task)
                     && let AckOutcome::Complete { id, acks, .. } = run.ckpt.on_ack(task, CheckpointId(id), handle, now)

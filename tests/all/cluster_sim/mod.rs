@@ -73,7 +73,9 @@ impl Sim {
         for wk in &mut sim.workers {
             wk.start(&mut sim.w);
         }
-        sim.schedule_faults();
+        if !sabotage_without_faults(&sabotage) {
+            sim.schedule_faults();
+        }
         sim
     }
 
@@ -119,6 +121,9 @@ impl Sim {
             let leaders = self.coords.iter().filter(|c| self.w.is_up(Node::Coord(c.id)) && c.acting_leader(self.w.now));
             if leaders.count() > 1 {
                 return Err(format!("two coordinators believe they lead at {} ms", self.w.now));
+            }
+            if let Some(v) = self.w.durable.violations.first() {
+                return Err(v.clone());
             }
         }
         let committed = self.w.durable.committed.len();
@@ -240,10 +245,11 @@ fn oracle(w: &World) -> Result<(), String> {
 /// Outside the faults' windows (each fault's time plus the recovery allowance), checkpoints
 /// complete at least every [`QUIET_GAP_MS`].
 fn checkpoints_kept_completing(w: &World) -> Result<(), String> {
-    let at = &w.durable.recorded_at;
-    if at.len() < 3 {
-        return Err(format!("only {} checkpoints completed", at.len()));
+    if w.durable.recorded_at.len() < 3 {
+        return Err(format!("only {} checkpoints completed", w.durable.recorded_at.len()));
     }
+    // From the start on: election, registration and the first deployment count too.
+    let at: Vec<Ms> = std::iter::once(0).chain(w.durable.recorded_at.iter().copied()).collect();
     for pair in at.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         let disturbed = w.durable.disturbed.iter().any(|&(s, e)| s < b && e > a);
@@ -279,6 +285,9 @@ fn cluster_sim_two_coordinators_and_100_workers_stay_exactly_once_through_seeded
                 totals.deposed_exits += r.stats.deposed_exits;
                 totals.checkpoints_recorded += r.stats.checkpoints_recorded;
                 totals.stale_dropped += r.stats.stale_dropped;
+                totals.older_epoch_refused += r.stats.older_epoch_refused;
+                totals.not_obeyed += r.stats.not_obeyed;
+                totals.fenced_data += r.stats.fenced_data;
                 totals.events += r.stats.events;
                 let _ = r.finished_at;
             }
@@ -291,7 +300,8 @@ fn cluster_sim_two_coordinators_and_100_workers_stay_exactly_once_through_seeded
         // The schedule must reach what it claims to test.
         assert!(totals.leaders > seeds().len() as u64, "no seed changed leaders: the faults never reach the leader");
         assert!(totals.deposed_exits > 0, "no leader was ever deposed over the seeds");
-        assert!(totals.stale_dropped > 0, "nothing stale was ever refused over the seeds");
+        assert!(totals.not_obeyed > 0, "no worker ever refused a stale attempt's control over the seeds");
+        assert!(totals.fenced_data > 0, "no fenced attempt's channel data ever reached a worker over the seeds");
     }
 }
 
@@ -332,4 +342,17 @@ fn cluster_sim_the_checks_catch_a_restart_from_a_checkpoint_a_deposed_leader_pub
         [1002, 2595, 2914].iter().filter_map(|&s| Sim::sabotaged(s, sabotage).run().err()).collect();
     assert!(!errors.is_empty(), "none of the seeds that found it catches it any more");
     assert!(errors[0].contains("duplicate"), "{}", errors[0]);
+}
+
+/// The stalled-checkpoint sabotage runs without faults, so nothing excuses the stall.
+fn sabotage_without_faults(s: &Sabotage) -> bool {
+    s.ignore_acks.is_some()
+}
+
+#[test]
+fn cluster_sim_the_checks_catch_checkpoints_that_stop_completing_without_a_fault() {
+    let sabotage = Sabotage { ignore_acks: Some((3_000, 6_000)), ..Sabotage::default() };
+    let e = Sim::sabotaged(1, sabotage).run().expect_err("a 3 s stall without a fault is caught");
+    assert!(e.contains("no checkpoint completed between"), "{e}");
+    Sim::new(1).run().expect("and seed 1 without the stall passes");
 }

@@ -123,7 +123,14 @@ pub struct Stats {
     pub leaders: u64,
     pub deposed_exits: u64,
     pub checkpoints_recorded: u64,
+    /// Messages on a connection the worker no longer has.
     pub stale_dropped: u64,
+    /// Welcomes from a leader of an older epoch, refused by the follower.
+    pub older_epoch_refused: u64,
+    /// Controls of an attempt the follower does not obey (stale, replaced, cancelled).
+    pub not_obeyed: u64,
+    /// Channel messages of an attempt that is not the worker's current one.
+    pub fenced_data: u64,
     pub last_fault_at: Ms,
 }
 
@@ -138,6 +145,8 @@ pub struct Sabotage {
     pub commit_at_barrier: bool,
     /// The leader announces `Complete` before etcd recorded the checkpoint.
     pub complete_before_record: bool,
+    /// The leader ignores every ack within this window (checkpoints stall without a fault).
+    pub ignore_acks: Option<(Ms, Ms)>,
     /// A restart goes from the newest published manifest, whoever published it (the bug
     /// these simulations found: a deposed leader's unrecorded manifest got restored).
     pub restart_from_any_manifest: bool,
@@ -158,6 +167,8 @@ pub struct Durable {
     pub recorded_at: Vec<Ms>,
     /// Per fault: from its start to its end plus [`RECOVERY_MS`].
     pub disturbed: Vec<(Ms, Ms)>,
+    /// Safety violations seen while running (the run fails with the first).
+    pub violations: Vec<String>,
 }
 
 /// The world.
