@@ -5,7 +5,11 @@
 //! thin shells around the protocol's pure state machines, the same ones the real processes run
 //! (`weir::cluster::{lease, roster, round, follower}`, the checkpoint coordinator, the
 //! aligner, placement); the job is keyed, `P` sources to `P` sinks with two-phase-commit
-//! sinks.
+//! sinks. What the shells do themselves, as copies of the real processes' rules: the
+//! create-only publish, publish → record in etcd → `Complete`, the restart's choice of
+//! checkpoint (the newest this leader completed), channel fencing by attempt. The models are
+//! kinder than reality where noted in `world.rs` (partitions delay and never drop, one clock,
+//! state inside the manifest).
 //!
 //! Checked on every seed: the job finishes; every key's committed records are exactly its
 //! sequence, each once (the per-key sequence oracle); checkpoints complete; at no moment do two
