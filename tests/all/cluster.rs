@@ -292,6 +292,12 @@ fn cluster_sigkill_of_a_worker_restarts_the_job_on_the_remaining_slots_exactly_o
     let got = committed_lines(&dir.path().join("out"));
     assert_eq!(got.len(), expected.len(), "line count after the kill");
     assert!(got == expected, "committed output differs from the failure-free output");
+    // The restarted attempt's checkpoints name their state files by its attempt number, so no
+    // straggler of an older attempt (or a deposed leader's) can overwrite them.
+    let listed = store.list();
+    let newest = listed.iter().rev().find_map(|l| l.status.as_ref().ok()).expect("a complete checkpoint");
+    let files: Vec<&str> = newest.operators.iter().flat_map(|o| o.subtasks.iter().map(|s| s.file.as_str())).collect();
+    assert!(!files.is_empty() && files.iter().all(|f| f.ends_with(".a2.state")), "{files:?}");
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! Process recovery: the real `weir` binary runs wordcount on a large input with a short
 //! checkpoint interval, is killed with SIGKILL at a random moment (twice), and is restarted
 //! with `--restore latest`; the committed output must equal the failure-free output, every
-//! `w k` line exactly once, in part files or in a PostgreSQL table. Also: corrupt checkpoints
-//! are skipped with a warning.
+//! `w k` line exactly once, in part files or in a PostgreSQL table. Also: a torn checkpoint is
+//! skipped with a warning, a corrupt complete one refused with an error.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -183,8 +183,12 @@ fn exactly_once_sigkill_then_restore_latest_commits_the_failure_free_output() {
     assert!(got == expected, "committed output differs from the failure-free output (seed {seed})");
 }
 
+/// A torn checkpoint (no manifest) never completed and is passed over; a completed one whose
+/// file no longer verifies may have committed output, so `--restore latest` refuses it with an
+/// error naming the file instead of silently going back to an older one (which would repeat
+/// that output), and touches nothing. The user can then choose an older one explicitly.
 #[test]
-fn exactly_once_restore_skips_torn_and_corrupt_checkpoints_with_a_warning() {
+fn exactly_once_restore_skips_a_torn_checkpoint_and_refuses_a_corrupt_complete_one() {
     let dir = scratch();
     let expected = write_input(&dir.path().join("input.txt"), 40_000, 7);
     let job = job(dir.path());
@@ -192,20 +196,41 @@ fn exactly_once_restore_skips_torn_and_corrupt_checkpoints_with_a_warning() {
     let mut child = spawn(&job, false);
     assert!(kill_after_checkpoint(&mut child, &store, 1, 0), "the job finished before it could be killed");
     // Corrupt the newest complete checkpoint and tear a newer one.
-    let newest = store.list().iter().filter(|l| l.status.is_ok()).map(|l| l.id).max().unwrap();
-    let f = store.chk_dir(weir::ids::CheckpointId(newest)).join("count-0.state");
+    let listed = store.list();
+    let mut complete = listed.iter().rev().filter_map(|l| l.status.as_ref().ok());
+    let newest = complete.next().unwrap();
+    let older = complete.next().expect("two complete checkpoints").checkpoint_id;
+    let count = newest.operators.iter().find(|o| o.uid == "count").unwrap();
+    // State files are named per writer (attempt), so no other writer can overwrite them.
+    assert_eq!(count.subtasks[0].file, "count-0.a0.state");
+    let newest = newest.checkpoint_id;
+    let f = store.chk_dir(weir::ids::CheckpointId(newest)).join(&count.subtasks[0].file);
     let mut b = std::fs::read(&f).unwrap();
     let n = b.len() - 1;
     b[n] ^= 0x55;
     std::fs::write(&f, b).unwrap();
     std::fs::create_dir_all(store.chk_dir(weir::ids::CheckpointId(newest + 1))).unwrap();
+    let before = committed_lines(&dir.path().join("out"));
     let out = spawn(&job, true).wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a corrupt complete checkpoint must not be restored past: {stderr}");
+    assert!(stderr.contains("skipping checkpoint") && stderr.contains(&format!("chk-{}", newest + 1)), "{stderr}");
+    assert!(stderr.contains("incomplete"), "{stderr}");
+    assert!(stderr.contains(&format!("chk-{newest}")) && stderr.contains("count-0.a0.state"), "{stderr}");
+    assert!(stderr.contains("checksum mismatch") && stderr.contains("--restore <older chk-N"), "{stderr}");
+    assert!(committed_lines(&dir.path().join("out")) == before, "a refused restore changed the output");
+    // Chosen explicitly, the older checkpoint restores; the file sink withdraws the parts it
+    // does not know of, so the output is still exactly once.
+    let out = weir()
+        .args(["run", "--progress", "0", "--quiet-guests"])
+        .arg(&job)
+        .arg("--restore")
+        .arg(store.chk_dir(weir::ids::CheckpointId(older)))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("skipping checkpoint") && stderr.contains(&format!("chk-{newest}")), "{stderr}");
-    assert!(stderr.contains("checksum mismatch"), "{stderr}");
-    assert!(stderr.contains(&format!("chk-{}", newest + 1)) && stderr.contains("incomplete"), "{stderr}");
-    assert!(stderr.contains(&format!("from checkpoint {}", newest - 1)), "{stderr}");
+    assert!(stderr.contains(&format!("from checkpoint {older}")), "{stderr}");
     assert!(committed_lines(&dir.path().join("out")) == expected, "output after restoring an older checkpoint");
 }
 

@@ -10,8 +10,9 @@
 //! manifest there); file names a downloaded manifest gives are checked before anything is
 //! written locally; downloads are bounded by the sizes the manifest declares; a store that
 //! cannot be reached is an error naming it, never "no checkpoint" (which would restart a job
-//! from the beginning), and a checkpoint whose files could not all be fetched is skipped with
-//! a warning only when the store answered.
+//! from the beginning), and neither is a completed checkpoint whose files could not all be
+//! fetched or verified (restoring an older one would repeat what it committed); only
+//! checkpoints without a manifest are passed over.
 
 use std::path::PathBuf;
 
@@ -92,8 +93,8 @@ impl CheckpointStore {
             match self.fetch(r, id) {
                 Ok(c) => return Ok(Some(c)),
                 // The store stopped answering: an older checkpoint is no answer.
-                Err(e @ CheckpointError::Remote(_)) => return Err(e),
-                Err(e) => skipped(&e),
+                Err(e) if e.is_incomplete() => skipped(&e),
+                Err(e) => return Err(e),
             }
         }
         Ok(None)

@@ -69,6 +69,21 @@ pub enum CheckpointError {
     },
 }
 
+impl CheckpointError {
+    /// Whether the checkpoint was never published (no manifest): it never completed, so no
+    /// sink committed anything for it and an older checkpoint may stand in for it. Any other
+    /// error is about a checkpoint that completed — its transactions may be committed — and
+    /// restoring an older one instead would repeat their output.
+    pub fn is_incomplete(&self) -> bool {
+        matches!(self, CheckpointError::Incomplete { .. })
+    }
+}
+
+/// What a user can do about a completed checkpoint that no longer loads.
+pub const UNLOADABLE_ADVICE: &str = "a completed checkpoint may have committed output, so Weir does not fall back \
+     to an older one on its own (that would repeat the output): restore the damaged files, or pass \
+     `--restore <older chk-N directory>` to accept that the newer checkpoint's output may be repeated";
+
 impl From<RemoteError> for CheckpointError {
     fn from(e: RemoteError) -> Self {
         CheckpointError::Remote(Box::new(e))
@@ -291,9 +306,9 @@ impl CheckpointStore {
         local.max(remote)
     }
 
-    /// The newest checkpoint that verifies completely; each newer unusable one (and an
-    /// unreachable object store) is reported to `skipped` (to be logged as a warning naming
-    /// it).
+    /// The newest complete checkpoint that verifies; each newer incomplete one (and any error
+    /// [`CheckpointStore::find_latest`] would return) is reported to `skipped`. For tools and
+    /// tests; a restore uses `find_latest`.
     pub fn latest(&self, mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
         self.find_latest(&mut skipped).unwrap_or_else(|e| {
             skipped(&e);
@@ -301,9 +316,11 @@ impl CheckpointStore {
         })
     }
 
-    /// Like [`CheckpointStore::latest`], but an object store that cannot be read is an error,
-    /// never "no checkpoint". Mirrored stores look in the object store (a new process's local
-    /// directory may be empty or stale) and download what the checkpoint needs.
+    /// The newest complete checkpoint, loaded. Newer incomplete ones (no manifest) are reported
+    /// to `skipped`; a completed one that does not load, and an object store that cannot be
+    /// read, are errors, never "an older checkpoint" or "no checkpoint" (see
+    /// [`CheckpointError::is_incomplete`]). Mirrored stores look in the object store (a new
+    /// process's local directory may be empty or stale) and download what the checkpoint needs.
     pub fn find_latest(
         &self,
         mut skipped: impl FnMut(&CheckpointError),
@@ -314,24 +331,23 @@ impl CheckpointStore {
         for l in self.list().into_iter().rev() {
             match load(&l.path) {
                 Ok(c) => return Ok(Some(c)),
-                Err(e) => skipped(&e),
+                Err(e) if e.is_incomplete() => skipped(&e),
+                Err(e) => return Err(e),
             }
         }
         Ok(None)
     }
 
-    /// The newest of the checkpoints `ids` that loads: a run restarts only from a checkpoint
-    /// it completed itself, never from one another process left (with coordinators on etcd, a
+    /// The newest of the checkpoints `ids`, loaded: a run restarts only from a checkpoint it
+    /// completed itself, never from one another process left (with coordinators on etcd, a
     /// deposed leader may publish a manifest it could not record; restoring it would commit
-    /// its transactions behind the next leader's back).
-    pub fn latest_of(&self, ids: &[u64], mut skipped: impl FnMut(&CheckpointError)) -> Option<LoadedCheckpoint> {
-        for l in self.list().into_iter().rev().filter(|l| ids.contains(&l.id)) {
-            match load(&l.path) {
-                Ok(c) => return Some(c),
-                Err(e) => skipped(&e),
-            }
+    /// its transactions behind the next leader's back). One of them that no longer loads is
+    /// an error, as in [`CheckpointStore::find_latest`].
+    pub fn latest_of(&self, ids: &[u64]) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
+        match self.list().into_iter().rev().find(|l| ids.contains(&l.id)) {
+            Some(l) => load(&l.path).map(Some),
+            None => Ok(None),
         }
-        None
     }
 
     /// Deletes completed checkpoints beyond the newest `retained`, and incomplete ones older
@@ -619,7 +635,7 @@ mod tests {
     }
 
     #[test]
-    fn latest_skips_incomplete_and_corrupt_checkpoints_naming_them() {
+    fn latest_skips_incomplete_checkpoints_but_a_corrupt_complete_one_is_an_error() {
         let tmp = tempfile::tempdir().unwrap();
         let store = CheckpointStore::new(tmp.path(), "j");
         complete(&store, 1);
@@ -633,17 +649,24 @@ mod tests {
         b[n] ^= 0xff;
         fs::write(&f, b).unwrap();
         let mut skipped = Vec::new();
-        let c = store.latest(|e| skipped.push(e.to_string())).unwrap();
+        // 3 completed (its output may be committed): restoring 2 instead would repeat it.
+        let e = store.find_latest(|e| skipped.push(e.to_string())).map(|_| ()).unwrap_err();
+        assert!(!e.is_incomplete());
+        let e = e.to_string();
+        assert!(e.contains("chk-3") && e.contains("op-0.state") && e.contains("checksum"), "{e}");
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].contains("chk-4") && skipped[0].contains("incomplete"), "{skipped:?}");
+        // Once the user removes the damaged one, the older loads.
+        fs::remove_dir_all(store.chk_dir(CheckpointId(3))).unwrap();
+        let c = store.find_latest(|_| {}).unwrap().unwrap();
         assert_eq!(c.manifest.checkpoint_id, 2);
         assert_eq!(c.states[&("op".to_string(), 0)].operator_state, vec![2]);
-        assert_eq!(skipped.len(), 2);
-        assert!(skipped[0].contains("chk-4") && skipped[0].contains("incomplete"), "{skipped:?}");
-        assert!(skipped[1].contains("chk-3") && skipped[1].contains("checksum"), "{skipped:?}");
         assert_eq!(store.max_id(), 4);
     }
 
     /// A restart restores only checkpoints its run completed: a newer manifest someone else
-    /// left (a deposed leader's, unrecorded) is passed over, a corrupt own one skipped.
+    /// left (a deposed leader's, unrecorded) is passed over; a corrupt own one is an error, never
+    /// a reason to go back to an older one.
     #[test]
     fn a_restart_restores_the_newest_checkpoint_its_own_run_completed() {
         let tmp = tempfile::tempdir().unwrap();
@@ -651,16 +674,16 @@ mod tests {
         for id in 1..=4 {
             complete(&store, id);
         }
-        let c = store.latest_of(&[1, 2, 3], |_| {}).unwrap();
+        let c = store.latest_of(&[1, 2, 3]).unwrap().unwrap();
         assert_eq!(c.manifest.checkpoint_id, 3, "4 is not this run's");
         let f = store.chk_dir(CheckpointId(3)).join("op-0.state");
         let mut b = fs::read(&f).unwrap();
         b[0] ^= 0xff;
         fs::write(&f, b).unwrap();
-        let mut skipped = Vec::new();
-        assert_eq!(store.latest_of(&[1, 2, 3], |e| skipped.push(e.to_string())).unwrap().manifest.checkpoint_id, 2);
-        assert!(skipped[0].contains("chk-3"), "{skipped:?}");
-        assert!(store.latest_of(&[], |_| {}).is_none());
+        let e = store.latest_of(&[1, 2, 3]).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("chk-3") && e.contains("op-0.state"), "{e}");
+        assert_eq!(store.latest_of(&[1, 2]).unwrap().unwrap().manifest.checkpoint_id, 2);
+        assert!(store.latest_of(&[]).unwrap().is_none());
     }
 
     /// A manifest is never replaced: a second publish of the same id (a deposed coordinator
@@ -778,10 +801,8 @@ mod tests {
         chained(&store, 5, &keyed(&[(b"a", None)], true), &[4]);
         chained(&store, 6, &keyed(&[(b"c", None)], true), &[4, 5]);
         fs::remove_file(store.chk_dir(CheckpointId(5)).join("op-0.state")).unwrap();
-        let mut skipped = Vec::new();
-        let c = store.latest(|e| skipped.push(e.to_string())).unwrap();
-        assert_eq!(c.manifest.checkpoint_id, 4);
-        assert!(skipped[0].contains("chk-5") && skipped[0].contains("op-0.state"), "{skipped:?}");
+        let e = store.find_latest(|_| {}).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("chk-5") && e.contains("op-0.state"), "{e}");
     }
 
     #[test]

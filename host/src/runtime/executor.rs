@@ -274,6 +274,15 @@ pub fn preflight(job: &BoundJob, opts: &RunOptions) -> Result<(), RunError> {
 }
 
 /// The checkpoint or savepoint `opts` says to restore, loaded and verified.
+/// Why a job cannot restore its newest checkpoint, and what the user can do.
+fn cannot_restore(e: &storage::CheckpointError) -> String {
+    if e.is_incomplete() || matches!(e, storage::CheckpointError::Remote(_)) {
+        format!("cannot restore: {e}")
+    } else {
+        format!("cannot restore: {e}; {}", storage::UNLOADABLE_ADVICE)
+    }
+}
+
 fn load_restore(
     job: &BoundJob,
     opts: &RunOptions,
@@ -290,7 +299,7 @@ fn load_restore(
                     "--restore latest needs checkpointing: add [checkpoint] interval_ms and dir to the job file".into(),
                 )
             })?;
-            let found = s.find_latest(warn).map_err(|e| setup(format!("cannot restore: {e}")))?;
+            let found = s.find_latest(warn).map_err(|e| setup(cannot_restore(&e)))?;
             Some(found.ok_or_else(|| {
                 let place = s.remote().map_or(s.root().display().to_string(), |r| r.url().to_string());
                 setup(format!("no complete checkpoint in {place} to restore; run without --restore to start fresh"))
@@ -322,7 +331,6 @@ fn run_attempts(
     deploy: &mut Deploy<'_>,
 ) -> Result<RunSummary, RunError> {
     let g = &job.graph;
-    let warn = |e: &storage::CheckpointError| tracing::warn!("skipping {e}");
     let completed = Arc::new(Completed::default());
     let mut failures = 0u32;
     let user_cancel = opts.endpoint.as_ref().map(|e| e.cancel.clone());
@@ -377,6 +385,7 @@ fn run_attempts(
             job,
             opts,
             attempt: failures,
+            writer: u64::from(failures),
             restore: restore.as_ref(),
             store,
             completed: &completed,
@@ -416,7 +425,10 @@ fn run_attempts(
                 restore = match store {
                     // The newest checkpoint this run completed, else where this run started
                     // (never a newer checkpoint another run or a deposed leader left behind).
-                    Some(s) => s.latest_of(&completed.ids(), warn).or(restore),
+                    Some(s) => match s.latest_of(&completed.ids()) {
+                        Ok(newest) => newest.or(restore),
+                        Err(e) => return Err(RunError::Setup { job: g.name.clone(), message: cannot_restore(&e) }),
+                    },
                     None => None,
                 };
                 let from = restore

@@ -49,6 +49,11 @@ pub(crate) struct Attempt<'a> {
     pub opts: &'a RunOptions,
     /// 0 for the first attempt.
     pub attempt: u32,
+    /// Names this attempt's state files apart from any other writer's in the same checkpoint
+    /// directory: the restart count in one process; on a cluster the attempt number, which
+    /// carries the leader's epoch, so a deposed leader's still-running worker can never
+    /// overwrite a file of the new leader's checkpoint that happens to take the same id.
+    pub writer: u64,
     /// The checkpoint it restores.
     pub restore: Option<&'a LoadedCheckpoint>,
     /// Checkpoint storage (`None`: checkpointing off).
@@ -193,7 +198,7 @@ pub(crate) fn build_part(
         let checkpoints = a.store.is_some().then(|| {
             let (tx, rx) = unbounded::<Control>();
             controls.push(Some(tx));
-            let file = format!("{}-{}.state", n.id, s.subtask);
+            let file = format!("{}-{}.a{}.state", n.id, s.subtask, a.writer);
             Participant::new(si, file, rx, events_tx.clone(), writer_tx.clone()).with_incremental(incremental)
         });
         let parts = Parts {

@@ -26,7 +26,7 @@ use crate::runtime::error::TaskFailure;
 pub struct Participant {
     /// Global task index (the coordinator's numbering).
     pub task: usize,
-    /// State file name, `<uid>-<subtask>.state`.
+    /// State file name, `<uid>-<subtask>.a<writer>.state` (see `local::Attempt::writer`).
     pub file: String,
     /// From the coordinator.
     pub control: Receiver<Control>,
