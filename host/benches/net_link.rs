@@ -65,7 +65,8 @@ fn main() {
         );
         let (tx, rx) = crossbeam_channel::bounded(64);
         let key = ChannelKey { attempt: 1, channel: round };
-        inbound.expect(key, tx);
+        let space = std::sync::Arc::new(tokio::sync::Notify::new());
+        inbound.expect(key, tx, space.clone());
         let remote = out.open(key, 64).unwrap();
         let net = measure(
             batches,
@@ -75,7 +76,11 @@ fn main() {
                 }
                 remote.send(Message::EndOfStream).unwrap();
             },
-            || rx.recv().unwrap(),
+            || {
+                let m = rx.recv().unwrap();
+                space.notify_one();
+                m
+            },
         );
         println!(
             "round {round}: in-process {:.2} M records/s, HTTP/2 over loopback {:.2} M records/s ({:.0} %)",

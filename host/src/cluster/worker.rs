@@ -417,8 +417,8 @@ impl Worker {
         }
         let mine: Vec<bool> = d.worker_of.iter().map(|&w| w == d.you).collect();
         let wiring = local::wire(g, &plan, &mine);
-        for (ci, tx) in wiring.incoming {
-            self.inbound.expect(ChannelKey { attempt: d.attempt, channel: ci as u64 }, tx);
+        for (ci, tx, space) in wiring.incoming {
+            self.inbound.expect(ChannelKey { attempt: d.attempt, channel: ci as u64 }, tx, space);
         }
         let part = match local::build_part(&a, &plan, &mine, wiring.inputs, wiring.outputs) {
             Ok(p) => p,

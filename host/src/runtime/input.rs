@@ -24,6 +24,9 @@ pub struct InputChannel {
     pub origin: Option<std::sync::Arc<crate::runtime::failed_record::Origin>>,
     /// A back-edge's share of the job's in-flight budget (bytes taken off are given back).
     budget: Option<std::sync::Arc<crate::runtime::feedback_budget::FeedbackBudget>>,
+    /// Fed from another worker: told each time a message is taken off, so the network side
+    /// waiting on a full channel goes on at once.
+    space: Option<std::sync::Arc<tokio::sync::Notify>>,
     watermark: i64,
     done: bool,
 }
@@ -31,7 +34,22 @@ pub struct InputChannel {
 impl InputChannel {
     /// Wraps a receiver.
     pub fn new(rx: Receiver<Message>, side: Side) -> Self {
-        InputChannel { rx, side, feedback: false, origin: None, budget: None, watermark: i64::MIN, done: false }
+        InputChannel {
+            rx,
+            side,
+            feedback: false,
+            origin: None,
+            budget: None,
+            space: None,
+            watermark: i64::MIN,
+            done: false,
+        }
+    }
+
+    /// Notifies `space` each time a message is taken off (a channel fed by the network).
+    pub fn space(mut self, space: Option<std::sync::Arc<tokio::sync::Notify>>) -> Self {
+        self.space = space;
+        self
     }
 
     /// Gives the bytes of every batch taken off it back to `budget` (back-edges).
@@ -136,6 +154,9 @@ impl Inputs {
         let i = readable[op.index()];
         match op.recv(&self.channels[i].rx) {
             Ok(m) => {
+                if let Some(s) = &self.channels[i].space {
+                    s.notify_one();
+                }
                 if let (Some(b), Message::Data(batch)) = (&self.channels[i].budget, &m) {
                     b.sub(batch.as_bytes().len() as u64);
                 }

@@ -261,8 +261,9 @@ pub(crate) struct Wiring {
     pub outputs: Vec<Vec<EdgeOutput>>,
     /// Channels from a subtask here to one elsewhere: (channel index, the end to forward).
     pub outgoing: Vec<(usize, Receiver<Message>)>,
-    /// Channels from a subtask elsewhere to one here: (channel index, where to deliver).
-    pub incoming: Vec<(usize, Sender<Message>)>,
+    /// Channels from a subtask elsewhere to one here: (channel index, where to deliver, told
+    /// each time the receiving subtask takes a message off).
+    pub incoming: Vec<(usize, Sender<Message>, Arc<tokio::sync::Notify>)>,
 }
 
 /// The plan's channels that touch the subtasks `mine`, handed out per subtask (same order as
@@ -274,6 +275,7 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
     let mut senders: Vec<Option<Sender<Message>>> = Vec::with_capacity(plan.channels.len());
     let mut receivers: Vec<Option<Receiver<Message>>> = Vec::with_capacity(plan.channels.len());
     let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
+    let mut space: Vec<Option<Arc<tokio::sync::Notify>>> = vec![None; plan.channels.len()];
     for (ci, c) in plan.channels.iter().enumerate() {
         let e = &g.edges[c.edge];
         let (from_here, to_here) = (mine[plan.index_of(e.from, c.from)], mine[plan.index_of(e.to, c.to)]);
@@ -292,7 +294,9 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                 receivers.push(None);
             }
             (false, true) => {
-                incoming.push((ci, tx));
+                let notify = Arc::new(tokio::sync::Notify::new());
+                space[ci] = Some(notify.clone());
+                incoming.push((ci, tx, notify));
                 senders.push(None);
                 receivers.push(Some(rx));
             }
@@ -321,7 +325,11 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                 };
                 let origin = Origin { node: g.nodes[e.from].id.to_string(), subtask: c.from, file };
                 let rx = receivers[ci].take().expect("each channel has one receiver");
-                InputChannel::new(rx, e.side).feedback(c.back).from(origin).budget(c.back.then(|| budget.clone()))
+                InputChannel::new(rx, e.side)
+                    .feedback(c.back)
+                    .from(origin)
+                    .budget(c.back.then(|| budget.clone()))
+                    .space(space[ci].take())
             })
             .collect();
         inputs.push(ins);

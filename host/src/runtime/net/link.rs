@@ -4,7 +4,10 @@
 //! does not read stops only its own stream, never the connection, and backpressure reaches the
 //! sending subtask, which blocks on its channel's queue. Both ends look like the in-process
 //! channels to the subtasks: the sender a queue it blocks on, the receiver a bounded
-//! crossbeam channel.
+//! crossbeam channel. When that channel is full, the stream's task waits for the receiving
+//! subtask to say it took a message off (a `Notify` its input holds), never on a timer: a
+//! polling wait there capped a channel at a few thousand messages a second and kept its window
+//! full, a standing queue of ~100 ms at any rate.
 //!
 //! Invariants: a channel's messages arrive in order, exactly as sent (`frame.rs`); the
 //! receiver releases window only for bytes whose messages are in the local channel, so what a
@@ -49,7 +52,11 @@ pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-type Registry = Arc<Mutex<HashMap<ChannelKey, Sender<Message>>>>;
+/// Where an expected channel's messages go: the local channel, and the notification its
+/// receiving subtask gives each time it takes a message off.
+type Delivery = (Sender<Message>, Arc<tokio::sync::Notify>);
+
+type Registry = Arc<Mutex<HashMap<ChannelKey, Delivery>>>;
 
 /// A worker's receiving side: accepts its peers' connections and delivers each stream into
 /// the local channel registered for it.
@@ -93,9 +100,10 @@ impl Inbound {
         self.addr
     }
 
-    /// Delivers channel `key`'s messages into `tx` once its sender connects.
-    pub fn expect(&self, key: ChannelKey, tx: Sender<Message>) {
-        self.expected.lock().unwrap().insert(key, tx);
+    /// Delivers channel `key`'s messages into `tx` once its sender connects; while `tx` is
+    /// full, waits for `space`, which its receiver notifies whenever it takes a message off.
+    pub fn expect(&self, key: ChannelKey, tx: Sender<Message>, space: Arc<tokio::sync::Notify>) {
+        self.expected.lock().unwrap().insert(key, (tx, space));
     }
 
     /// Forgets every channel of attempts before `attempt`: their senders are refused.
@@ -107,7 +115,7 @@ impl Inbound {
 /// One connection: routes each incoming stream after checking it.
 async fn serve(sock: Stream, expected: Registry, secret: Arc<str>) {
     let handshake = h2::server::Builder::new()
-        .initial_window_size(CHANNEL_WINDOW)
+        .initial_window_size(std::env::var("XW").ok().and_then(|v| v.parse().ok()).unwrap_or(CHANNEL_WINDOW))
         .initial_connection_window_size(CONNECTION_WINDOW)
         .handshake::<_, Bytes>(sock);
     let Ok(Ok(mut conn)) = tokio::time::timeout(CONNECT_TIMEOUT, handshake).await else { return };
@@ -122,8 +130,8 @@ async fn serve(sock: Stream, expected: Registry, secret: Arc<str>) {
         if respond.send_response(response, true).is_err() {
             continue;
         }
-        if let Ok(tx) = routed {
-            tokio::spawn(deliver_stream(req.into_body(), tx));
+        if let Ok(to) = routed {
+            tokio::spawn(deliver_stream(req.into_body(), to));
         }
     }
 }
@@ -143,7 +151,7 @@ fn channel_of(req: &http::Request<h2::RecvStream>, secret: &str) -> Result<Chann
 }
 
 /// Decodes a stream into its local channel, releasing window as messages get in.
-async fn deliver_stream(mut body: h2::RecvStream, tx: Sender<Message>) {
+async fn deliver_stream(mut body: h2::RecvStream, (tx, space): Delivery) {
     let mut decoder = Decoder::default();
     let mut messages = Vec::new();
     while let Some(Ok(chunk)) = body.data().await {
@@ -151,7 +159,7 @@ async fn deliver_stream(mut body: h2::RecvStream, tx: Sender<Message>) {
             return;
         }
         for m in messages.drain(..) {
-            if deliver(&tx, m).await.is_err() {
+            if deliver(&tx, &space, m).await.is_err() {
                 return;
             }
         }
@@ -161,16 +169,18 @@ async fn deliver_stream(mut body: h2::RecvStream, tx: Sender<Message>) {
     }
 }
 
-/// Puts `m` into the local channel, waiting (without holding a runtime thread) while it is full.
-async fn deliver(tx: &Sender<Message>, mut m: Message) -> Result<(), Disconnected> {
-    let mut wait = Duration::from_micros(200);
+/// Puts `m` into the local channel, waiting (without holding a runtime thread) while it is
+/// full until its receiver takes a message off. No wake-up is lost: a message taken off
+/// between the failed `try_send` and the wait leaves a permit in `space`, so the wait returns
+/// at once. A receiver that is gone disconnects the channel, which `try_send` reports; the
+/// periodic look is only a guard against a receiver that stops notifying.
+async fn deliver(tx: &Sender<Message>, space: &tokio::sync::Notify, mut m: Message) -> Result<(), Disconnected> {
     loop {
         match tx.try_send(m) {
             Ok(()) => return Ok(()),
             Err(TrySendError::Full(back)) => {
                 m = back;
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_millis(10));
+                let _ = tokio::time::timeout(Duration::from_millis(100), space.notified()).await;
             }
             Err(TrySendError::Disconnected(_)) => return Err(Disconnected),
         }
@@ -224,7 +234,7 @@ impl Outbound {
                 .map_err(|e| net(&e))?;
             let sock = tls::connect(tls, sock).await.map_err(|e| net(&e))?;
             let handshake = h2::client::Builder::new()
-                .initial_window_size(CHANNEL_WINDOW)
+                .initial_window_size(std::env::var("XW").ok().and_then(|v| v.parse().ok()).unwrap_or(CHANNEL_WINDOW))
                 .initial_connection_window_size(CONNECTION_WINDOW)
                 .handshake::<_, Bytes>(sock);
             let (send, conn) = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
@@ -350,6 +360,19 @@ mod tests {
         Message::Data(b)
     }
 
+    /// A local channel of `cap` expected for `key`, and a reader that takes a message off as
+    /// a subtask's input does (telling the network side).
+    fn expect(inbound: &Inbound, key: ChannelKey, cap: usize) -> impl Fn() -> Message {
+        let (tx, rx) = crossbeam_channel::bounded(cap);
+        let space = Arc::new(tokio::sync::Notify::new());
+        inbound.expect(key, tx, space.clone());
+        move || {
+            let m = rx.recv().unwrap();
+            space.notify_one();
+            m
+        }
+    }
+
     fn ts(m: &Message) -> i64 {
         match m {
             Message::Data(b) => b.iter().next().unwrap().timestamp,
@@ -360,11 +383,8 @@ mod tests {
     #[test]
     fn cluster_net_a_stalled_channel_holds_back_only_its_sender_and_every_channel_arrives_in_order() {
         let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
-        let (a_tx, a_rx) = crossbeam_channel::bounded(2);
-        let (b_tx, b_rx) = crossbeam_channel::bounded(2);
         let (a, b) = (ChannelKey { attempt: 1, channel: 0 }, ChannelKey { attempt: 1, channel: 1 });
-        inbound.expect(a, a_tx);
-        inbound.expect(b, b_tx);
+        let (a_rx, b_rx) = (expect(&inbound, a, 2), expect(&inbound, b, 2));
         let out = Outbound::connect(inbound.addr(), "secret", None).unwrap();
         let (sa, sb) = (out.open(a, 2).unwrap(), out.open(b, 2).unwrap());
         // Nobody reads channel A: its sender must block after a bounded number of batches.
@@ -390,7 +410,7 @@ mod tests {
         });
         let mut next = 0;
         loop {
-            match b_rx.recv().unwrap() {
+            match b_rx() {
                 Message::EndOfStream => break,
                 Message::Watermark(w) => assert_eq!(w, next - 1),
                 Message::Barrier(id) => assert_eq!(id.0 as i64, next - 1),
@@ -406,9 +426,9 @@ mod tests {
         let held = sent_a.load(Ordering::SeqCst);
         assert!(held < 40, "{held} batches sent on a channel nobody reads");
         for i in 0..200 {
-            assert_eq!(ts(&a_rx.recv().unwrap()), i);
+            assert_eq!(ts(&a_rx()), i);
         }
-        assert!(matches!(a_rx.recv().unwrap(), Message::EndOfStream));
+        assert!(matches!(a_rx(), Message::EndOfStream));
         writer.join().unwrap();
     }
 
@@ -417,14 +437,14 @@ mod tests {
         let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
         let (tx, rx) = crossbeam_channel::bounded(4);
         let old = ChannelKey { attempt: 1, channel: 5 };
-        inbound.expect(old, tx.clone());
+        inbound.expect(old, tx.clone(), Arc::default());
         let e = Outbound::connect(inbound.addr(), "guess", None).unwrap().open(old, 1).err().unwrap().to_string();
         assert!(e.contains("wrong cluster secret") && e.contains("channel 5"), "{e}");
         inbound.fence(2);
         let e = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(old, 1).err().unwrap().to_string();
         assert!(e.contains("attempt 1") && e.contains("fenced"), "{e}");
         let new = ChannelKey { attempt: 2, channel: 5 };
-        inbound.expect(new, tx);
+        inbound.expect(new, tx, Arc::default());
         let s = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(new, 1).unwrap();
         s.send(Message::Watermark(9)).unwrap();
         assert!(matches!(rx.recv().unwrap(), Message::Watermark(9)), "the current attempt's channel delivers");
@@ -436,11 +456,39 @@ mod tests {
         let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
         let (tx, rx) = crossbeam_channel::bounded(4);
         let key = ChannelKey { attempt: 1, channel: 0 };
-        inbound.expect(key, tx);
+        inbound.expect(key, tx, Arc::default());
         let s = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(key, 1).unwrap();
         s.send(Message::Watermark(1)).unwrap();
         drop(s);
         assert!(matches!(rx.recv().unwrap(), Message::Watermark(1)));
         assert!(rx.recv().is_err(), "the receiver must see the sender gone");
+    }
+
+    /// A full local channel is refilled the moment its receiver takes a message off, not on a
+    /// timer (virtual time does not move): a timer there capped a channel at a few thousand
+    /// messages a second and kept a standing queue of ~100 ms in its window.
+    #[test]
+    fn cluster_net_a_full_channel_is_refilled_as_soon_as_its_receiver_takes_a_message() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let space = Arc::new(tokio::sync::Notify::new());
+            tx.send(Message::Watermark(1)).unwrap();
+            let start = tokio::time::Instant::now();
+            let (t2, s2) = (tx.clone(), space.clone());
+            let waiting = tokio::spawn(async move { deliver(&t2, &s2, Message::Watermark(2)).await });
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert!(!waiting.is_finished(), "the channel is full: the delivery waits");
+            assert!(matches!(rx.try_recv().unwrap(), Message::Watermark(1)));
+            space.notify_one();
+            waiting.await.unwrap().unwrap();
+            assert_eq!(start.elapsed(), Duration::ZERO, "delivered on the notification, not after a timer");
+            assert!(matches!(rx.try_recv().unwrap(), Message::Watermark(2)));
+            // A receiver that is gone ends the delivery.
+            drop(rx);
+            assert!(deliver(&tx, &space, Message::Watermark(6)).await.is_err());
+        });
     }
 }
