@@ -186,7 +186,10 @@ fn cluster_ha_an_unreachable_etcd_is_a_clear_error() {
 
 /// Every process of the cluster killed (coordinator and workers, SIGKILL) and the local staging
 /// directory gone: a new coordinator and new workers resume the job from the checkpoint etcd
-/// names in the bucket, and the committed output is the failure-free output.
+/// names in the bucket, and the committed output is the failure-free output. The members
+/// share no checkpoint files: workers stage state files under their own `--dir`, upload them
+/// and drop them; the coordinator checks them in the bucket before it publishes; restores
+/// download them.
 #[test]
 fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_checkpoint_in_s3() {
     let etcd = Etcd::start();
@@ -226,6 +229,22 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
         std::thread::sleep(Duration::from_millis(5));
     };
     assert!(recorded.starts_with(&format!("s3://weir/ha/{name}/chk-")), "{recorded}");
+    let chk = recorded.rsplit('/').next().unwrap().to_string();
+    let state_files = |d: std::path::PathBuf| -> Vec<String> {
+        let names = std::fs::read_dir(&d).into_iter().flatten().flatten();
+        names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".state")).collect()
+    };
+    // The coordinator published it holding only the manifest: the state files are the
+    // workers' (verified in the bucket), and the workers dropped theirs once uploaded.
+    let here = dir.path().join("staging").join(name).join(&chk);
+    assert!(here.join("_metadata").is_file(), "the coordinator's copy of {chk} has its manifest");
+    assert_eq!(state_files(here), Vec::<String>::new(), "state files of {chk} on the coordinator's disk");
+    for w in ["w1a", "w2a"] {
+        let theirs = dir.path().join(w).join("staging").join(name);
+        assert!(theirs.is_dir(), "{w} staged its state files under its own --dir");
+        let theirs = theirs.join(&chk);
+        assert_eq!(state_files(theirs), Vec::<String>::new(), "{w} kept state files of {chk} after uploading them");
+    }
     assert!(c.0.try_wait().unwrap().is_none(), "the job must still run when the cluster stops");
     c.0.kill().unwrap();
     c.0.wait().unwrap();

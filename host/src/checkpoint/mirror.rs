@@ -24,6 +24,9 @@ use crate::checkpoint::storage::{
 };
 use crate::ids::CheckpointId;
 
+/// How many checkpoint ids behind the one just uploaded a worker's empty local checkpoint
+/// directories are removed.
+const SWEEP_LAG: u64 = 8;
 /// Largest manifest accepted from the object store.
 const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 /// Largest file of a chain or component accepted (the host's snapshot ceiling).
@@ -35,13 +38,31 @@ impl CheckpointStore {
         self.remote.as_ref()
     }
 
-    /// Uploads state file `file` of checkpoint `id` (nothing to do without an object store).
+    /// Uploads state file `file` of checkpoint `id` (nothing to do without an object store),
+    /// then drops the local copy unless the store keeps them.
     pub fn upload_state(&self, id: CheckpointId, file: &str) -> std::io::Result<()> {
-        match &self.remote {
-            Some(r) => {
-                r.upload(&format!("chk-{}/{file}", id.0), &self.chk_dir(id).join(file)).map_err(RemoteError::into_io)
+        let Some(r) = &self.remote else { return Ok(()) };
+        let (dir, rel) = (self.chk_dir(id), format!("chk-{}/{file}", id.0));
+        r.upload(&rel, &dir.join(file)).map_err(RemoteError::into_io)?;
+        if !self.keep_local {
+            let _ = std::fs::remove_file(dir.join(file));
+            self.sweep_empty_before(id.0.saturating_sub(SWEEP_LAG));
+        }
+        Ok(())
+    }
+
+    /// Removes the empty `chk-<m>` directories here with `m < before` (`remove_dir` leaves any
+    /// that still hold a file). Lagging behind the newest id, it never takes a directory from
+    /// under a checkpoint still being written, short of one that many checkpoints late, which
+    /// then only fails to complete.
+    fn sweep_empty_before(&self, before: u64) {
+        let Ok(entries) = std::fs::read_dir(self.root()) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let id = name.to_str().and_then(|n| n.strip_prefix("chk-")).and_then(|n| n.parse::<u64>().ok());
+            if id.is_some_and(|m| m < before) {
+                let _ = std::fs::remove_dir(e.path());
             }
-            None => Ok(()),
         }
     }
 
@@ -102,7 +123,7 @@ impl CheckpointStore {
 
     /// Downloads what checkpoint `id` needs into the local directory (what is already there
     /// at the declared size is kept), writes its manifest last, and loads it.
-    fn fetch(&self, r: &Remote, id: u64) -> Result<LoadedCheckpoint, CheckpointError> {
+    pub(crate) fn fetch(&self, r: &Remote, id: u64) -> Result<LoadedCheckpoint, CheckpointError> {
         let dir = self.chk_dir(CheckpointId(id));
         let manifest = self
             .remote_manifest(r, id)?
@@ -130,7 +151,41 @@ impl CheckpointStore {
         }
         let path = dir.join(MANIFEST);
         write_atomic(&path, &manifest.encode()).map_err(|source| CheckpointError::Io { path, source })?;
-        load(&dir)
+        let mut loaded = load(&dir)?;
+        loaded.url = Some(self.remote_path(r, id).display().to_string());
+        Ok(loaded)
+    }
+
+    /// [`CheckpointStore::verify_files`] for one subtask's file that is only in the object
+    /// store: it and its chain's files are there, it at the length its writer reported.
+    pub(crate) fn verify_remote(
+        &self,
+        r: &Remote,
+        id: u64,
+        uid: &str,
+        s: &crate::checkpoint::metadata::SubtaskEntry,
+    ) -> Result<(), CheckpointError> {
+        let missing = |file: &str, why: String| CheckpointError::State {
+            path: self.remote_path(r, id),
+            file: file.to_string(),
+            uid: uid.to_string(),
+            subtask: s.index,
+            source: crate::checkpoint::snapshot::StateFileError::NotStored(why),
+        };
+        match r.size(&format!("chk-{id}/{}", s.file))? {
+            Some(n) if n == s.bytes => {}
+            Some(n) => return Err(missing(&s.file, format!("{n} bytes in the object store, {} written", s.bytes))),
+            None => return Err(missing(&s.file, "it is not in the object store".into())),
+        }
+        for l in &s.chain {
+            if r.size(&format!("chk-{}/{}", l.checkpoint, l.file))?.is_none() {
+                return Err(missing(
+                    &l.file,
+                    format!("chain file of checkpoint {} is not in the object store", l.checkpoint),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Retention in the object store (see [`to_drop`]): reads the manifests of its

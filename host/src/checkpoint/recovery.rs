@@ -450,6 +450,7 @@ mod tests {
         }
         LoadedCheckpoint {
             path: "/chk".into(),
+            url: None,
             manifest: Manifest {
                 format_version: FORMAT_VERSION,
                 kind: Default::default(),

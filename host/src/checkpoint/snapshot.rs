@@ -193,6 +193,9 @@ pub enum StateFileError {
     /// Body does not decode.
     #[error("cannot decode: {0}")]
     Decode(String),
+    /// Not in the object store as written (only there: a cluster's workers wrote it).
+    #[error("{0}")]
+    NotStored(String),
 }
 
 /// Frame tags of a version 2 state file.

@@ -149,6 +149,9 @@ impl AtomicFile {
 pub struct LoadedCheckpoint {
     /// Its directory.
     pub path: PathBuf,
+    /// The object-store URL it was downloaded from (`None`: read where it was written). Workers
+    /// of a cluster share no disk with the coordinator: they restore from here.
+    pub url: Option<String>,
     /// Its manifest.
     pub manifest: Manifest,
     /// State of every subtask: (uid, subtask) → state.
@@ -172,12 +175,15 @@ pub struct Listed {
 pub struct CheckpointStore {
     root: PathBuf,
     pub(crate) remote: Option<Remote>,
+    /// Mirrored: keep a state file here once uploaded (false on a cluster's workers, whose
+    /// files are only ever read back from the object store).
+    pub(crate) keep_local: bool,
 }
 
 impl CheckpointStore {
     /// The store of job `job` under `dir`.
     pub fn new(dir: &Path, job: &str) -> Self {
-        CheckpointStore { root: dir.join(job), remote: None }
+        CheckpointStore { root: dir.join(job), remote: None, keep_local: true }
     }
 
     /// The store of the job in `graph` (none without `[checkpoint]`), mirrored to its object
@@ -188,12 +194,19 @@ impl CheckpointStore {
             Some(url) => Some(Remote::open(url)?.child(&graph.name)),
             None => None,
         };
-        Ok(Some(CheckpointStore { root: c.dir.join(&graph.name), remote }))
+        Ok(Some(CheckpointStore { root: c.dir.join(&graph.name), remote, keep_local: true }))
     }
 
     /// A store rooted directly at `root` (`<dir>/<job>`).
     pub fn at(root: &Path) -> Self {
-        CheckpointStore { root: root.to_path_buf(), remote: None }
+        CheckpointStore { root: root.to_path_buf(), remote: None, keep_local: true }
+    }
+
+    /// Mirrored stores delete each state file here once it is uploaded (a cluster's worker:
+    /// restores read the object store, so local copies would only pile up).
+    pub fn without_local_copies(mut self) -> Self {
+        self.keep_local = self.remote.is_none();
+        self
     }
 
     /// `<dir>/<job>`.
@@ -251,11 +264,17 @@ impl CheckpointStore {
     /// Checks, before `manifest` is published, that every state file it names (and every
     /// file of their chains) is on disk as the writer reported it: the length in the
     /// manifest, a state file header, and the header's checksum equal to the manifest's. Reads
-    /// only the headers; the bodies' checksums are checked at restore.
+    /// only the headers; the bodies' checksums are checked at restore. Mirrored stores check
+    /// a file that is not here (a cluster's workers wrote it on their own disks and uploaded
+    /// it before they acknowledged) in the object store: there at the reported length.
     pub fn verify_files(&self, manifest: &Manifest) -> Result<(), CheckpointError> {
         let dir = self.chk_dir(CheckpointId(manifest.checkpoint_id));
         for op in &manifest.operators {
             for s in &op.subtasks {
+                if let Some(r) = self.remote.as_ref().filter(|_| !dir.join(&s.file).exists()) {
+                    self.verify_remote(r, manifest.checkpoint_id, &op.uid, s)?;
+                    continue;
+                }
                 let bad = |source: StateFileError| CheckpointError::State {
                     path: dir.clone(),
                     file: s.file.clone(),
@@ -342,12 +361,27 @@ impl CheckpointStore {
     /// completed itself, never from one another process left (with coordinators on etcd, a
     /// deposed leader may publish a manifest it could not record; restoring it would commit
     /// its transactions behind the next leader's back). One of them that no longer loads is
-    /// an error, as in [`CheckpointStore::find_latest`].
+    /// an error, as in [`CheckpointStore::find_latest`]. Mirrored stores take it from the
+    /// object store (downloading what is not here: on a cluster, workers wrote the files).
     pub fn latest_of(&self, ids: &[u64]) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
-        match self.list().into_iter().rev().find(|l| ids.contains(&l.id)) {
-            Some(l) => load(&l.path).map(Some),
-            None => Ok(None),
-        }
+        let here = self.list().into_iter().rev().find(|l| ids.contains(&l.id));
+        let Some(r) = &self.remote else { return here.map(|l| load(&l.path)).transpose() };
+        let id = match here {
+            Some(l) => l.id,
+            None => match self.remote_ids()?.into_iter().rev().find(|id| ids.contains(id)) {
+                Some(id) => id,
+                None => return Ok(None),
+            },
+        };
+        // All here (one process; an object store that stopped answering does not matter
+        // then), else downloaded (a cluster's workers wrote the files). Either way its URL
+        // goes along: a local manifest always has its remote one.
+        let mut c = match load(&self.chk_dir(CheckpointId(id))) {
+            Ok(c) => c,
+            Err(_) => self.fetch(r, id)?,
+        };
+        c.url = Some(format!("{}/chk-{id}", r.url()));
+        Ok(Some(c))
     }
 
     /// Deletes completed checkpoints beyond the newest `retained`, and incomplete ones older
@@ -547,7 +581,7 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
             states.insert((op.uid.clone(), s.index), state);
         }
     }
-    Ok(LoadedCheckpoint { path: dir.to_path_buf(), manifest, states })
+    Ok(LoadedCheckpoint { path: dir.to_path_buf(), url: None, manifest, states })
 }
 
 #[cfg(test)]

@@ -287,7 +287,9 @@ impl Cluster {
                 job_path: source.path.clone(),
                 job_source: source.text.clone(),
                 components: components.clone(),
-                restore: a.restore.map(|c| c.path.clone()),
+                // Workers share no disk with the coordinator: a downloaded checkpoint is
+                // restored from its object store by each of them too.
+                restore: a.restore.map(|c| c.url.as_ref().map_or_else(|| c.path.clone(), std::path::PathBuf::from)),
                 allow_non_restored_state: a.opts.allow_non_restored_state,
                 restarts: a.attempt,
                 worker_of: worker_of.clone(),

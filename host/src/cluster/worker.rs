@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use wasmtime::Engine;
 
+use crate::checkpoint::mirror;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
 use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
@@ -367,7 +368,12 @@ impl Worker {
             }
             paths.insert(uid.clone(), p);
         }
-        let graph = crate::job::parse_shipped(&d.job_path, &d.job_source, &paths).map_err(|e| e.to_string())?;
+        let mut graph = crate::job::parse_shipped(&d.job_path, &d.job_source, &paths).map_err(|e| e.to_string())?;
+        // Checkpoints in an object store: this worker's state files are written to its own
+        // disk first and uploaded before it acknowledges, so members share no file system.
+        if let Some(c) = graph.checkpoint.as_mut().filter(|c| c.remote.is_some()) {
+            c.dir = self.cfg.dir.join("staging");
+        }
         let job = Arc::new(crate::job::bind::bind(&self.engine, graph).map_err(|e| e.to_string())?);
         self.jobs.insert(key, job.clone());
         Ok(job)
@@ -386,14 +392,27 @@ impl Worker {
             setup,
         };
         let job = self.bind(&d).map_err(|e| refuse(e, true))?;
-        let restore = match &d.restore {
-            Some(p) => Some(storage::load(p).map_err(|e| refuse(format!("cannot restore: {e}"), false))?),
+        let store = CheckpointStore::of(&job.graph)
+            .map_err(|e| refuse(e.to_string(), true))?
+            .map(CheckpointStore::without_local_copies);
+        let mut restored_dir = None;
+        let restore = match d.restore.as_deref().map(|p| (p, p.to_str().filter(|u| u.starts_with("s3://")))) {
+            // From the object store, into this worker's own staging directory.
+            Some((_, Some(url))) => {
+                let local = store.as_ref().map_or_else(|| self.cfg.dir.join("restored"), |s| s.root().join("restored"));
+                restored_dir = Some(local.clone());
+                Some(mirror::fetch_url(url, &local).map_err(|e| refuse(format!("cannot restore {url}: {e}"), false))?)
+            }
+            Some((p, None)) => Some(storage::load(p).map_err(|e| refuse(format!("cannot restore: {e}"), false))?),
             None => None,
         };
         let live: Live = Arc::default();
-        let dropped = resolve_components(&job, restore.as_ref(), d.allow_non_restored_state, &live)
-            .map_err(|e| refuse(e, true))?;
-        let store = CheckpointStore::of(&job.graph).map_err(|e| refuse(e.to_string(), true))?;
+        let dropped = resolve_components(&job, restore.as_ref(), d.allow_non_restored_state, &live);
+        if let Some(dir) = restored_dir {
+            // Loaded into memory, its components compiled: the downloaded files are done.
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let dropped = dropped.map_err(|e| refuse(e, true))?;
         let opts = RunOptions { allow_non_restored_state: d.allow_non_restored_state, ..RunOptions::default() };
         let owned = Arc::new(Owned {
             job,
