@@ -300,6 +300,58 @@ fn cluster_sigkill_of_a_worker_restarts_the_job_on_the_remaining_slots_exactly_o
     assert!(!files.is_empty() && files.iter().all(|f| f.ends_with(".a2.state")), "{files:?}");
 }
 
+/// Rescaling across workers: the job at parallelism 2 on two workers, every process SIGKILLed
+/// after a complete checkpoint, restored with `--restore latest` with the keyed counter at
+/// parallelism 3 (tokenizer at 1) on three new workers: key groups move to the new subtasks
+/// across processes and the committed output is the failure-free output.
+#[test]
+fn cluster_rescale_restoring_at_another_parallelism_on_more_workers_keeps_exactly_once() {
+    let dir = scratch();
+    let name = "wc-cluster-rescale";
+    let expected = write_input(&dir.path().join("input.txt"), 200_000, 31);
+    let job = job_into(dir.path(), name, "type = \"file\"\npath = \"out\"");
+    let store = CheckpointStore::new(&dir.path().join("checkpoints"), name);
+    let secret = secret(dir.path());
+    let mut before = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    for w in ["w1", "w2"] {
+        before.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !store.list().iter().any(|l| l.status.is_ok()) {
+        assert!(c.child.try_wait().unwrap().is_none(), "the job ended before its first checkpoint");
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.child.kill().unwrap(); // SIGKILL, then the workers too
+    c.child.wait().unwrap();
+    drop(before);
+    let rescaled = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("parallelism = 2\ninputs = [{ from = \"lines\"", "parallelism = 1\ninputs = [{ from = \"lines\"")
+        .replace(
+            "parallelism = 2\ninputs = [{ from = \"tokenize\"",
+            "parallelism = 3\ninputs = [{ from = \"tokenize\"",
+        );
+    assert!(rescaled.contains("parallelism = 1\ninputs = [{ from = \"lines\"") && rescaled.contains("parallelism = 3"));
+    std::fs::write(&job, rescaled).unwrap();
+    let mut c = coordinator_args(&job, &secret, 3, 10_000, &["--restore", "latest"]);
+    let mut after = Procs::default();
+    for w in ["w3", "w4", "w5"] {
+        after.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    let log = finish(&mut c);
+    assert!(log.contains(&format!("restoring job `{name}` from checkpoint")), "{log}");
+    let first = log.lines().find(|l| l.contains("attempt 1:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(["w3 (", "w4 (", "w5 ("].iter().all(|w| first.contains(w)), "{first}");
+    let got = committed_lines(&dir.path().join("out"));
+    assert_eq!(got.len(), expected.len(), "line count after rescaling");
+    assert!(got == expected, "committed output differs from the failure-free output");
+    let newest = store.latest(|_| {}).unwrap();
+    assert_eq!(newest.manifest.operator("count").unwrap().parallelism, 3);
+    assert_eq!(newest.manifest.operator("tokenize").unwrap().parallelism, 1);
+}
+
 #[test]
 fn cluster_a_paused_worker_is_dropped_and_when_it_wakes_up_it_commits_nothing() {
     let dir = scratch();
