@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use weir::checkpoint::storage::CheckpointStore;
 
-use crate::process_recovery::{job_into, write_input};
+use crate::process_recovery::{job_into, rescale_wordcount, write_input};
 use crate::support::{committed_lines, scratch, weir};
 
 /// Child processes killed when the test ends, whatever happens.
@@ -326,15 +326,7 @@ fn cluster_rescale_restoring_at_another_parallelism_on_more_workers_keeps_exactl
     c.child.kill().unwrap(); // SIGKILL, then the workers too
     c.child.wait().unwrap();
     drop(before);
-    let rescaled = std::fs::read_to_string(&job)
-        .unwrap()
-        .replace("parallelism = 2\ninputs = [{ from = \"lines\"", "parallelism = 1\ninputs = [{ from = \"lines\"")
-        .replace(
-            "parallelism = 2\ninputs = [{ from = \"tokenize\"",
-            "parallelism = 3\ninputs = [{ from = \"tokenize\"",
-        );
-    assert!(rescaled.contains("parallelism = 1\ninputs = [{ from = \"lines\"") && rescaled.contains("parallelism = 3"));
-    std::fs::write(&job, rescaled).unwrap();
+    rescale_wordcount(&job);
     let mut c = coordinator_args(&job, &secret, 3, 10_000, &["--restore", "latest"]);
     let mut after = Procs::default();
     for w in ["w3", "w4", "w5"] {

@@ -270,16 +270,7 @@ fn rescale_restoring_a_checkpoint_at_another_operator_parallelism_keeps_exactly_
     let store = CheckpointStore::new(&dir.path().join("checkpoints"), "wc-kill");
     let mut child = spawn(&job, false);
     assert!(kill_after_checkpoint(&mut child, &store, 1, 20), "the job finished before it could be killed");
-    let rescaled = std::fs::read_to_string(&job)
-        .unwrap()
-        .replace("parallelism = 2\ninputs = [{ from = \"lines\"", "parallelism = 1\ninputs = [{ from = \"lines\"")
-        .replace(
-            "parallelism = 2\ninputs = [{ from = \"tokenize\"",
-            "parallelism = 3\ninputs = [{ from = \"tokenize\"",
-        );
-    assert!(rescaled.contains("parallelism = 1\ninputs = [{ from = \"lines\""), "{rescaled}");
-    assert!(rescaled.contains("parallelism = 3"), "{rescaled}");
-    std::fs::write(&job, rescaled).unwrap();
+    rescale_wordcount(&job);
     let out = spawn(&job, true).wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -289,6 +280,21 @@ fn rescale_restoring_a_checkpoint_at_another_operator_parallelism_keeps_exactly_
     let newest = store.latest(|_| {}).unwrap();
     assert_eq!(newest.manifest.operator("count").unwrap().parallelism, 3);
     assert_eq!(newest.manifest.operator("tokenize").unwrap().parallelism, 1);
+}
+
+/// Rewrites the wordcount job of [`job_into`] with the tokenizer at parallelism 1 and the keyed
+/// counter at 3 (from 2 each).
+pub(crate) fn rescale_wordcount(job: &Path) {
+    let rescaled = std::fs::read_to_string(job)
+        .unwrap()
+        .replace("parallelism = 2\ninputs = [{ from = \"lines\"", "parallelism = 1\ninputs = [{ from = \"lines\"")
+        .replace(
+            "parallelism = 2\ninputs = [{ from = \"tokenize\"",
+            "parallelism = 3\ninputs = [{ from = \"tokenize\"",
+        );
+    assert!(rescaled.contains("parallelism = 1\ninputs = [{ from = \"lines\""), "{rescaled}");
+    assert!(rescaled.contains("parallelism = 3"), "{rescaled}");
+    std::fs::write(job, rescaled).unwrap();
 }
 
 /// Runs `job` with the real process, SIGKILLs it at up to two random moments after
