@@ -58,7 +58,7 @@ fn worker_env(coordinators: &str, secret: &Path, name: &str, home: &Path, env: &
         .arg("--dir")
         .arg(home.join(name))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(home.join(format!("{name}.log"))).unwrap())
         .spawn()
         .unwrap()
 }
@@ -250,6 +250,7 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
     c.0.wait().unwrap();
     drop(procs); // SIGKILL of every worker
     std::fs::remove_dir_all(dir.path().join("staging")).unwrap();
+    let taken = etcd.get("/weir/ha/checkpoint").unwrap(); // newer than `recorded`, maybe
 
     let (mut c, procs) = start("b");
     let code = exit_code(&mut c.0, &c.1);
@@ -257,6 +258,12 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
     assert_eq!(code, 0, "the restarted cluster failed:\n{log}");
     assert!(log.contains("taking over from checkpoint s3://weir/ha/"), "{log}");
     assert!(log.contains(&format!("restoring job `{name}` from checkpoint")), "{log}");
+    // Each worker downloaded the checkpoint from the bucket itself (nothing of the
+    // coordinator's disk is theirs to read).
+    for w in ["w1b", "w2b"] {
+        let theirs = std::fs::read_to_string(dir.path().join(format!("{w}.log"))).unwrap();
+        assert!(theirs.contains(&format!("restores from {taken}")), "{w}:\n{theirs}");
+    }
     let got = committed_lines(&dir.path().join("out"));
     assert_eq!(got.len(), expected.len(), "line count after the restart");
     assert!(got == expected, "committed output differs from the failure-free output");

@@ -38,30 +38,32 @@ impl CheckpointStore {
         self.remote.as_ref()
     }
 
-    /// Uploads state file `file` of checkpoint `id` (nothing to do without an object store),
-    /// then drops the local copy unless the store keeps them.
+    /// Uploads state file `file` of checkpoint `id` (nothing to do without an object store).
+    /// A store that keeps no local copies then drops the file, uploaded or not (a failed
+    /// upload fails the checkpoint: the file is of no use), and sweeps older leftovers.
     pub fn upload_state(&self, id: CheckpointId, file: &str) -> std::io::Result<()> {
         let Some(r) = &self.remote else { return Ok(()) };
         let (dir, rel) = (self.chk_dir(id), format!("chk-{}/{file}", id.0));
-        r.upload(&rel, &dir.join(file)).map_err(RemoteError::into_io)?;
+        let uploaded = r.upload(&rel, &dir.join(file)).map_err(RemoteError::into_io);
         if !self.keep_local {
             let _ = std::fs::remove_file(dir.join(file));
-            self.sweep_empty_before(id.0.saturating_sub(SWEEP_LAG));
+            self.sweep_before(id.0.saturating_sub(SWEEP_LAG));
         }
-        Ok(())
+        uploaded
     }
 
-    /// Removes the empty `chk-<m>` directories here with `m < before` (`remove_dir` leaves any
-    /// that still hold a file). Lagging behind the newest id, it never takes a directory from
-    /// under a checkpoint still being written, short of one that many checkpoints late, which
-    /// then only fails to complete.
-    fn sweep_empty_before(&self, before: u64) {
+    /// Removes the `chk-<m>` directories here with `m < before`, whatever they hold (temporary
+    /// files of abandoned snapshots, files whose upload failed): a store without local copies
+    /// never reads them. Lagging behind the newest id, it never takes a directory from under a
+    /// checkpoint still being written, short of one that many checkpoints late, which then only
+    /// fails to complete.
+    fn sweep_before(&self, before: u64) {
         let Ok(entries) = std::fs::read_dir(self.root()) else { return };
         for e in entries.flatten() {
             let name = e.file_name();
             let id = name.to_str().and_then(|n| n.strip_prefix("chk-")).and_then(|n| n.parse::<u64>().ok());
             if id.is_some_and(|m| m < before) {
-                let _ = std::fs::remove_dir(e.path());
+                let _ = std::fs::remove_dir_all(e.path());
             }
         }
     }
@@ -157,13 +159,16 @@ impl CheckpointStore {
     }
 
     /// [`CheckpointStore::verify_files`] for one subtask's file that is only in the object
-    /// store: it and its chain's files are there, it at the length its writer reported.
+    /// store, whose checkpoint directory there holds `stored` (name → size): it is there at
+    /// the length its writer reported. (Its chain's files were checked when their own
+    /// checkpoints were published, and retention keeps what a chain needs.)
     pub(crate) fn verify_remote(
         &self,
         r: &Remote,
         id: u64,
         uid: &str,
         s: &crate::checkpoint::metadata::SubtaskEntry,
+        stored: &std::collections::HashMap<String, u64>,
     ) -> Result<(), CheckpointError> {
         let missing = |file: &str, why: String| CheckpointError::State {
             path: self.remote_path(r, id),
@@ -172,20 +177,11 @@ impl CheckpointStore {
             subtask: s.index,
             source: crate::checkpoint::snapshot::StateFileError::NotStored(why),
         };
-        match r.size(&format!("chk-{id}/{}", s.file))? {
-            Some(n) if n == s.bytes => {}
-            Some(n) => return Err(missing(&s.file, format!("{n} bytes in the object store, {} written", s.bytes))),
-            None => return Err(missing(&s.file, "it is not in the object store".into())),
+        match stored.get(&s.file) {
+            Some(&n) if n == s.bytes => Ok(()),
+            Some(n) => Err(missing(&s.file, format!("{n} bytes in the object store, {} written", s.bytes))),
+            None => Err(missing(&s.file, "it is not in the object store".into())),
         }
-        for l in &s.chain {
-            if r.size(&format!("chk-{}/{}", l.checkpoint, l.file))?.is_none() {
-                return Err(missing(
-                    &l.file,
-                    format!("chain file of checkpoint {} is not in the object store", l.checkpoint),
-                ));
-            }
-        }
-        Ok(())
     }
 
     /// Retention in the object store (see [`to_drop`]): reads the manifests of its

@@ -277,6 +277,16 @@ impl Remote {
         Ok(written)
     }
 
+    /// The objects directly under `<prefix>/<dir>/`: name → size (one listing request per
+    /// thousand objects).
+    pub fn files(&self, dir: &str) -> Result<std::collections::HashMap<String, u64>, RemoteError> {
+        let prefix = self.key(dir);
+        block(async {
+            let listed = self.store.list_with_delimiter(Some(&prefix)).await.map_err(self.request("listing", dir))?;
+            Ok(listed.objects.iter().filter_map(|m| Some((m.location.filename()?.to_string(), m.size))).collect())
+        })
+    }
+
     /// The names of the "directories" directly under the prefix (`chk-1`, `components`, ...).
     pub fn dirs(&self) -> Result<Vec<String>, RemoteError> {
         let prefix = (!self.prefix.is_empty()).then(|| ObjPath::from(self.prefix.as_str()));

@@ -203,9 +203,13 @@ impl CheckpointStore {
     }
 
     /// Mirrored stores delete each state file here once it is uploaded (a cluster's worker:
-    /// restores read the object store, so local copies would only pile up).
+    /// restores read the object store, so local copies would only pile up); what an earlier
+    /// process left here (a worker killed mid-checkpoint) is removed now.
     pub fn without_local_copies(mut self) -> Self {
         self.keep_local = self.remote.is_none();
+        if !self.keep_local {
+            let _ = fs::remove_dir_all(&self.root);
+        }
         self
     }
 
@@ -269,10 +273,16 @@ impl CheckpointStore {
     /// it before they acknowledged) in the object store: there at the reported length.
     pub fn verify_files(&self, manifest: &Manifest) -> Result<(), CheckpointError> {
         let dir = self.chk_dir(CheckpointId(manifest.checkpoint_id));
+        // Listed once, if any file is not here.
+        let mut stored = None;
         for op in &manifest.operators {
             for s in &op.subtasks {
                 if let Some(r) = self.remote.as_ref().filter(|_| !dir.join(&s.file).exists()) {
-                    self.verify_remote(r, manifest.checkpoint_id, &op.uid, s)?;
+                    if stored.is_none() {
+                        stored = Some(r.files(&format!("chk-{}", manifest.checkpoint_id))?);
+                    }
+                    let stored = stored.as_ref().expect("listed above");
+                    self.verify_remote(r, manifest.checkpoint_id, &op.uid, s, stored)?;
                     continue;
                 }
                 let bad = |source: StateFileError| CheckpointError::State {
@@ -364,6 +374,9 @@ impl CheckpointStore {
     /// an error, as in [`CheckpointStore::find_latest`]. Mirrored stores take it from the
     /// object store (downloading what is not here: on a cluster, workers wrote the files).
     pub fn latest_of(&self, ids: &[u64]) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
+        if ids.is_empty() {
+            return Ok(None);
+        }
         let here = self.list().into_iter().rev().find(|l| ids.contains(&l.id));
         let Some(r) = &self.remote else { return here.map(|l| load(&l.path)).transpose() };
         let id = match here {

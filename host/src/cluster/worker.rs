@@ -399,6 +399,7 @@ impl Worker {
         let restore = match d.restore.as_deref().map(|p| (p, p.to_str().filter(|u| u.starts_with("s3://")))) {
             // From the object store, into this worker's own staging directory.
             Some((_, Some(url))) => {
+                tracing::info!("worker `{}`: attempt {} restores from {url}", self.cfg.name, d.attempt);
                 let local = store.as_ref().map_or_else(|| self.cfg.dir.join("restored"), |s| s.root().join("restored"));
                 restored_dir = Some(local.clone());
                 Some(mirror::fetch_url(url, &local).map_err(|e| refuse(format!("cannot restore {url}: {e}"), false))?)

@@ -273,7 +273,6 @@ pub fn preflight(job: &BoundJob, opts: &RunOptions) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The checkpoint or savepoint `opts` says to restore, loaded and verified.
 /// Why a job cannot restore its newest checkpoint, and what the user can do.
 fn cannot_restore(e: &storage::CheckpointError) -> String {
     if e.is_incomplete() || matches!(e, storage::CheckpointError::Remote(_)) {
@@ -283,6 +282,35 @@ fn cannot_restore(e: &storage::CheckpointError) -> String {
     }
 }
 
+/// The newest checkpoint of `ids` to restart from. An object store that does not answer is
+/// waited for (retrying every few seconds, warning each time): an older checkpoint is no
+/// answer, it would repeat what the newer one committed. Any other error ends the job.
+fn newest_completed(
+    s: &CheckpointStore,
+    ids: &[u64],
+    job: &str,
+    cancel: Option<&AtomicBool>,
+) -> Result<Option<LoadedCheckpoint>, RunError> {
+    const RETRY: Duration = Duration::from_secs(2);
+    loop {
+        match s.latest_of(ids) {
+            Ok(newest) => return Ok(newest),
+            Err(e @ storage::CheckpointError::Remote(_)) => {
+                tracing::warn!(job, "job `{job}` waits to restart: {e}; retrying in {} s", RETRY.as_secs());
+                let until = Instant::now() + RETRY;
+                while Instant::now() < until {
+                    if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                        return Err(RunError::Cancelled { job: job.to_string() });
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            Err(e) => return Err(RunError::Setup { job: job.to_string(), message: cannot_restore(&e) }),
+        }
+    }
+}
+
+/// The checkpoint or savepoint `opts` says to restore, loaded and verified.
 fn load_restore(
     job: &BoundJob,
     opts: &RunOptions,
@@ -425,10 +453,7 @@ fn run_attempts(
                 restore = match store {
                     // The newest checkpoint this run completed, else where this run started
                     // (never a newer checkpoint another run or a deposed leader left behind).
-                    Some(s) => match s.latest_of(&completed.ids()) {
-                        Ok(newest) => newest.or(restore),
-                        Err(e) => return Err(RunError::Setup { job: g.name.clone(), message: cannot_restore(&e) }),
-                    },
+                    Some(s) => newest_completed(s, &completed.ids(), &g.name, user_cancel.as_deref())?.or(restore),
                     None => None,
                 };
                 let from = restore

@@ -232,4 +232,27 @@ mod tests {
         inputs.finish(1);
         assert_eq!(inputs.advance(), Some(i64::MAX));
     }
+
+    /// Taking a message off a network-fed channel tells the network side at once (a permit is
+    /// left for a hand-off that waits on it); other channels carry no notification.
+    #[test]
+    fn a_message_taken_off_a_network_fed_channel_notifies_its_stream() {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (local_tx, local_rx) = crossbeam_channel::bounded(1);
+        let space = std::sync::Arc::new(tokio::sync::Notify::new());
+        let mut inputs = Inputs::new(vec![
+            InputChannel::new(rx, Side::Left).space(Some(space.clone())),
+            InputChannel::new(local_rx, Side::Left),
+        ]);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let notified = |space: &tokio::sync::Notify| {
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(1), space.notified()).await.is_ok() })
+        };
+        local_tx.send(Message::Watermark(1)).unwrap();
+        assert!(matches!(inputs.recv(None, &|_| false, None), Received::Message(1, _)));
+        assert!(!notified(&space), "a local channel's message notifies nothing");
+        tx.send(Message::Watermark(2)).unwrap();
+        assert!(matches!(inputs.recv(None, &|_| false, None), Received::Message(0, _)));
+        assert!(notified(&space), "taking a network-fed message off notifies its stream");
+    }
 }

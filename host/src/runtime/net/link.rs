@@ -115,7 +115,7 @@ impl Inbound {
 /// One connection: routes each incoming stream after checking it.
 async fn serve(sock: Stream, expected: Registry, secret: Arc<str>) {
     let handshake = h2::server::Builder::new()
-        .initial_window_size(std::env::var("XW").ok().and_then(|v| v.parse().ok()).unwrap_or(CHANNEL_WINDOW))
+        .initial_window_size(CHANNEL_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .handshake::<_, Bytes>(sock);
     let Ok(Ok(mut conn)) = tokio::time::timeout(CONNECT_TIMEOUT, handshake).await else { return };
@@ -234,7 +234,7 @@ impl Outbound {
                 .map_err(|e| net(&e))?;
             let sock = tls::connect(tls, sock).await.map_err(|e| net(&e))?;
             let handshake = h2::client::Builder::new()
-                .initial_window_size(std::env::var("XW").ok().and_then(|v| v.parse().ok()).unwrap_or(CHANNEL_WINDOW))
+                .initial_window_size(CHANNEL_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
                 .handshake::<_, Bytes>(sock);
             let (send, conn) = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
