@@ -4,7 +4,9 @@
 //! upgraded components, and retention's deletions. A process that starts with an empty or
 //! stale local directory restores by downloading the newest complete checkpoint (its files,
 //! the earlier files its chains name, its stored components) and then loading it locally as
-//! any other.
+//! any other. On a cluster the local directories are private: a worker's store keeps no local
+//! copies (each file is deleted once uploaded, old leftovers swept), the coordinator's holds
+//! manifests and checks workers' files in the object store before publishing.
 //!
 //! Invariants: the object store is the truth about which checkpoints are complete (a
 //! manifest there); file names a downloaded manifest gives are checked before anything is
