@@ -596,3 +596,32 @@ fn watch(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::input::Received;
+
+    /// A channel fed from another worker hands the network side the same notification its
+    /// receiving subtask's input gives when it takes a message off (else a full channel would
+    /// be refilled only by the hand-off's fallback timer: the ~100 ms standing queue).
+    #[test]
+    fn cluster_net_an_incoming_channel_shares_its_notification_with_the_receiving_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = "[job]\nname = \"j\"\n[[source]]\nid = \"src\"\ntype = \"generator\"\ncount = 10\n\
+                    [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{ from = \"src\" }]\n";
+        let g = crate::job::parse(&dir.path().join("job.toml"), toml).unwrap();
+        let plan = PhysicalPlan::of(&g);
+        let sink = plan.subtasks.iter().position(|s| g.nodes[s.node].id.to_string() == "out").unwrap();
+        let mine: Vec<bool> = (0..plan.subtasks.len()).map(|i| i == sink).collect();
+        let mut w = wire(&g, &plan, &mine);
+        assert!(w.outgoing.is_empty());
+        let (_, tx, space) = w.incoming.pop().expect("the source's channel comes from elsewhere");
+        let mut inputs = Inputs::new(std::mem::take(&mut w.inputs[sink]));
+        tx.send(Message::Watermark(7)).unwrap();
+        assert!(matches!(inputs.recv(None, &|_| false, None), Received::Message(0, Message::Watermark(7))));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let told = rt.block_on(async { tokio::time::timeout(Duration::from_secs(1), space.notified()).await.is_ok() });
+        assert!(told, "the input did not notify the network side");
+    }
+}
