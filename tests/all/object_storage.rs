@@ -2,7 +2,7 @@
 //! real S3-protocol server (moto), is killed with SIGKILL, loses its local directory as a lost
 //! machine would, and a new process restores from the object store alone, exactly once. An
 //! unreachable store fails checkpoints and restores with errors naming it and publishes
-//! nothing.
+//! nothing; a cluster's restart waits for it (a proxy the test cuts) and then resumes.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -176,4 +176,132 @@ fn cluster_s3_a_bad_store_url_or_a_stray_staging_dir_is_refused_naming_the_line(
         assert!(stderr.contains("job.toml:5") || stderr.contains("job.toml:6"), "`{chk}`: no line: {stderr}");
         assert!(stderr.contains(expect), "`{chk}`: {stderr}");
     }
+}
+
+/// A TCP proxy in front of the S3 server that the test can cut: while down it closes every
+/// connection it holds and every new one at once (as a store that stopped answering, without
+/// waiting for client timeouts).
+struct Cut {
+    addr: std::net::SocketAddr,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Cut {
+    fn to(target: &str) -> Cut {
+        use std::sync::atomic::Ordering;
+        let target: std::net::SocketAddr = target.trim_start_matches("http://").parse().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (u, o) = (up.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !u.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = std::net::TcpStream::connect(target) else { continue };
+                let mut o = o.lock().unwrap();
+                o.push(client.try_clone().unwrap());
+                o.push(server.try_clone().unwrap());
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Cut { addr, up, open }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn set(&self, up: bool) {
+        self.up.store(up, std::sync::atomic::Ordering::SeqCst);
+        if !up {
+            for s in self.open.lock().unwrap().drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// On a cluster the coordinator keeps no state files, so restarting after a worker is lost
+/// needs the bucket. While it does not answer, the restart waits (saying so) instead of going
+/// back to an older checkpoint or failing the job; once it answers again the job restarts from
+/// its newest checkpoint and finishes exactly once.
+#[test]
+fn cluster_s3_a_restart_waits_for_an_unreachable_bucket_and_then_resumes_exactly_once() {
+    let s3 = S3Server::start();
+    let cut = Cut::to(&s3.endpoint());
+    let env = env_for(&cut.endpoint());
+    let dir = scratch();
+    let name = "wc-s3-wait";
+    let expected = write_input(&dir.path().join("input.txt"), 200_000, 41);
+    let job = s3_job(dir.path(), name, "wait");
+    let secret = crate::cluster::secret(dir.path());
+    let spawn_env = |args: &[&str]| {
+        let mut c = weir();
+        c.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+        c
+    };
+    let mut coordinator = spawn_env(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "2", "--secret-file"])
+        .arg(&secret)
+        .arg(&job)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut procs = crate::cluster::Procs::default();
+    let log = crate::cluster::collect(coordinator.stderr.take().unwrap());
+    let mut first = String::new();
+    BufReader::new(coordinator.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr = first.trim().strip_prefix("listening on ").unwrap().to_string();
+    let worker = |w: &str, slots: &str| {
+        spawn_env(&["worker", "--coordinator", &addr, "--name", w, "--slots", slots, "--secret-file"])
+            .arg(&secret)
+            .arg("--dir")
+            .arg(dir.path().join(w))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    procs.0.push(worker("w1", "2"));
+    let mut w2 = worker("w2", "1");
+    // The coordinator's copy of a published manifest: a checkpoint is complete in the bucket.
+    let store = CheckpointStore::new(&dir.path().join("staging"), name);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !store.list().iter().any(|l| l.status.is_ok()) {
+        assert!(coordinator.try_wait().unwrap().is_none(), "the job ended before its first checkpoint");
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cut.set(false);
+    w2.kill().unwrap();
+    w2.wait().unwrap();
+    crate::cluster::wait_for(&log, "waits to restart");
+    assert!(coordinator.try_wait().unwrap().is_none(), "the job must wait, not end:\n{}", log.lock().unwrap());
+    cut.set(true);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(s) = coordinator.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the job did not finish:\n{}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let log = log.lock().unwrap().clone();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("waits to restart") && log.contains("retry once it is reachable"), "{log}");
+    assert!(log.contains(&format!("restoring job `{name}` from checkpoint")), "{log}");
+    let got = committed_lines(&dir.path().join("out"));
+    assert_eq!(got.len(), expected.len(), "line count after the wait");
+    assert!(got == expected, "committed output differs from the failure-free output");
 }
