@@ -104,7 +104,8 @@ impl CheckpointStore {
             .map_err(|source| CheckpointError::Manifest { path: self.remote_path(r, id), source })
     }
 
-    fn remote_path(&self, r: &Remote, id: u64) -> PathBuf {
+    /// Where checkpoint `id` lives in the object store: `s3://bucket/prefix/<job>/chk-<id>`.
+    pub(crate) fn remote_path(&self, r: &Remote, id: u64) -> PathBuf {
         PathBuf::from(format!("{}/chk-{id}", r.url()))
     }
 

@@ -227,7 +227,7 @@ impl CheckpointStore {
     /// else its local directory (both restore with `--restore`).
     pub fn durable_path(&self, id: CheckpointId) -> PathBuf {
         match &self.remote {
-            Some(r) => PathBuf::from(format!("{}/chk-{id}", r.url())),
+            Some(r) => self.remote_path(r, id.0),
             None => self.chk_dir(id),
         }
     }
@@ -393,7 +393,7 @@ impl CheckpointStore {
             Ok(c) => c,
             Err(_) => self.fetch(r, id)?,
         };
-        c.url = Some(format!("{}/chk-{id}", r.url()));
+        c.url = Some(self.remote_path(r, id).display().to_string());
         Ok(Some(c))
     }
 
