@@ -539,3 +539,178 @@ fn cluster_members_speak_mutual_tls_and_refuse_peers_without_the_clusters_certif
     let got = committed_lines(&dir.path().join("out"));
     assert!(got == expected, "committed output differs from the expected wordcount");
 }
+
+/// The oracle job on a cluster: an endless generator (until `count`) → the exactly-once oracle
+/// (`component`, parallelism `p`) → file sinks.
+fn oracle_cluster_job(
+    dir: &Path,
+    name: &str,
+    component_name: &str,
+    p: u32,
+    count: u64,
+    rate: &str,
+) -> std::path::PathBuf {
+    let toml = format!(
+        "[job]\nname = \"{name}\"\nmax_parallelism = 32\nbatch_size = 64\n\
+         [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = 48\n{rate}\n\
+         [[operator]]\nid = \"oracle\"\ncomponent = {}\nparallelism = {p}\nconfig = {{ keys = \"48\" }}\n\
+         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {p}\ninputs = [{{ from = \"oracle\" }}]\n\
+         [[sink]]\nid = \"violations\"\ntype = \"file\"\npath = \"violations\"\n\
+         inputs = [{{ from = \"oracle\", output = \"violations\" }}]\n",
+        crate::support::toml_path(&crate::support::component(component_name))
+    );
+    let p = dir.join("job.toml");
+    std::fs::write(&p, toml).unwrap();
+    p
+}
+
+/// `weir ARGS` (the CLI, finding the job in the registry the coordinator wrote); its stdout.
+fn cli(args: &[&str]) -> String {
+    let out = weir().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "weir {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Asks `weir query` until `done` holds for the answer (the state it waits for is made by
+/// records the test cannot time); returns that answer.
+fn query_until(
+    job: &str,
+    key: &str,
+    c: &mut Coordinator,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(c.child.try_wait().unwrap().is_none(), "the coordinator ended:\n{}", c.log.lock().unwrap());
+        let out = weir().args(["query", job, "--operator", "oracle", "--key", key]).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        // Before the first record of the key, the owner says it has no value.
+        assert!(out.status.success() || said.contains("has no value"), "weir query failed: {said}");
+        let a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if done(&a) {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "no answer to satisfy the test within 120 s: {a} {said}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The control API on a cluster's coordinator, through the CLI, on a job whose subtasks run on
+/// two workers: live state queries answered by the worker that owns the key, a live upgrade of
+/// the oracle to v2 (which migrates its state) shipped to the workers, a savepoint, a stop with
+/// a savepoint, and a restore from it at another parallelism on three new workers. The oracle
+/// finds no violation and the committed output is every record exactly once.
+#[test]
+fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_parallelism_exactly_once() {
+    let dir = scratch();
+    let name = "cluster-api";
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000");
+    let secret = secret(dir.path());
+    let mut before = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    for w in ["w1", "w2"] {
+        before.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    // Key 5 has state once records reach its subtask: v1 keeps a bare number.
+    let a = query_until(name, "5", &mut c, |a| a["found"] == true && a["value"].as_u64().is_some_and(|n| n > 0));
+    assert_eq!(a["operator"], "oracle", "{a}");
+    let status: serde_json::Value = serde_json::from_str(&cli(&["status", name])).unwrap();
+    assert_eq!(status["state"], "RUNNING", "{status}");
+    // A live upgrade: the component travels to both workers, every subtask migrates.
+    let v2 = crate::support::component("test_oracle_v2");
+    let up = cli(&["upgrade", name, "--operator", "oracle", "--component", v2.to_str().unwrap()]);
+    assert!(up.contains("upgraded"), "{up}");
+    // v2's state is `{seq, by_v2}`, and v2 counts what it has seen.
+    let a = query_until(name, "5", &mut c, |a| a["value"]["by_v2"].as_u64().is_some_and(|n| n > 0));
+    assert!(a["value"]["seq"].as_u64().is_some(), "{a}");
+    let sp1 = dir.path().join("sp1");
+    let out = cli(&["savepoint", name, "--dir", sp1.to_str().unwrap()]);
+    assert!(out.contains("savepoint") && sp1.join("_metadata").is_file(), "{out}");
+    let sp2 = dir.path().join("sp2");
+    let out = cli(&["stop", name, "--savepoint", sp2.to_str().unwrap()]);
+    assert!(out.contains("stopped with savepoint"), "{out}");
+    let log = finish(&mut c);
+    assert!(log.contains("stopped with savepoint"), "{log}");
+    drop(before);
+    // The stop committed exactly the records before the savepoint: the generator's first
+    // `pos` of them. The restored job runs to `pos` + 4800.
+    let first = committed_lines(&dir.path().join("out"));
+    let pos = first
+        .iter()
+        .map(|l| {
+            let (k, s) = l.split_once(' ').unwrap();
+            s.parse::<u64>().unwrap() * 48 + k.parse::<u64>().unwrap() + 1
+        })
+        .max()
+        .expect("output committed before the stop");
+    assert_eq!(first.len() as u64, pos, "the stop commits a prefix of the stream");
+    let count = pos + 4800;
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle_v2", 3, count, "");
+    let mut c = coordinator_args(&job, &secret, 3, 10_000, &["--restore", sp2.to_str().unwrap()]);
+    let mut after = Procs::default();
+    for w in ["w3", "w4", "w5"] {
+        after.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    let log = finish(&mut c);
+    assert!(log.contains(&format!("restoring job `{name}` from savepoint")), "{log}");
+    let v = committed_lines(&dir.path().join("violations"));
+    assert!(v.is_empty(), "oracle violations: {:?}", &v[..v.len().min(5)]);
+    let mut golden: Vec<String> = (0..count).map(|i| format!("{} {}", i % 48, i / 48)).collect();
+    golden.sort();
+    let got = committed_lines(&dir.path().join("out"));
+    assert_eq!(got.len(), golden.len(), "committed lines after the restore");
+    assert!(got == golden, "committed output differs from every record exactly once");
+}
+
+/// `weir cancel` on a cluster's job: every worker's part stops, the coordinator ends with the
+/// job cancelled, and the workers stay up for the next job.
+#[test]
+fn cluster_api_cancel_stops_the_job_on_every_worker() {
+    let dir = scratch();
+    let name = "cluster-cancel";
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000");
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    for w in ["w1", "w2"] {
+        procs.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    query_until(name, "7", &mut c, |a| a["found"] == true);
+    // The workers' counters reach the coordinator's status while the job runs.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status: serde_json::Value = serde_json::from_str(&cli(&["status", name])).unwrap();
+        let oracle = status["nodes"].as_array().unwrap().iter().find(|n| n["uid"] == "oracle").unwrap().clone();
+        let per_subtask: Vec<u64> =
+            oracle["subtasks"].as_array().unwrap().iter().map(|s| s["records_in"].as_u64().unwrap()).collect();
+        if per_subtask.iter().all(|&n| n > 0) {
+            assert_eq!(oracle["records_in"].as_u64().unwrap(), per_subtask.iter().sum::<u64>(), "{oracle}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no live counters from the workers within 120 s: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cli(&["cancel", name]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = c.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "not cancelled within 120 s:\n{}", c.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let log = c.log.lock().unwrap().clone();
+    assert!(!status.success() && log.contains("cancelled"), "{status:?}\n{log}");
+    assert!(!log.contains("attempt 2"), "a cancel is not a failure to restart from:\n{log}");
+    for w in &mut procs.0 {
+        assert!(w.try_wait().unwrap().is_none(), "a worker exited with the job");
+    }
+}

@@ -230,6 +230,11 @@ enum Command {
         /// With --etcd: a leader that stops renewing its lease is replaced after this long.
         #[arg(long, default_value_t = 10)]
         lease_ttl_secs: u64,
+        /// Address of the job's control API (savepoints, stop, cancel, upgrades, state
+        /// queries, metrics, dashboard), served by the leader: plain HTTP behind a token kept
+        /// in `$WEIR_HOME/jobs/<job>.json`, so keep it on loopback or behind a TLS proxy.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        api: String,
         #[command(flatten)]
         tls: TlsArgs,
     },
@@ -449,6 +454,7 @@ fn real_main(cli: Cli) -> Result<()> {
             etcd,
             cluster,
             lease_ttl_secs,
+            api,
             tls,
         } => {
             let cfg = weir::cluster::coordinator::CoordinatorConfig {
@@ -467,7 +473,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 cluster,
                 lease_ttl: Duration::from_secs(lease_ttl_secs),
             });
-            run_coordinator(&job, cfg, ha, restore, allow_non_restored_state)
+            run_coordinator(&job, cfg, ha, restore, allow_non_restored_state, &api)
         }
         Command::Worker { coordinator, advertise, slots, listen, secret_file, name, dir, tls } => {
             let name = name.unwrap_or_else(|| format!("worker-{}", std::process::id()));
@@ -771,38 +777,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let engine =
                 new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
             let bound = job::bind::bind(&engine, graph)?;
-            let name = bound.graph.name.clone();
-            let (handle, endpoint) = JobHandle::new(&name);
-            let token = registry::new_token();
-            let api_state = Api::new(token.clone(), engine.clone());
-            api_state.add_job(
-                &name,
-                ServedJob { handle, checkpoint_root: bound.graph.checkpoint.as_ref().map(|c| c.dir.join(&name)) },
-            );
-            let server =
-                api_state.serve(&api).with_context(|| format!("cannot listen on {api} for the control API"))?;
-            let pid = std::process::id();
-            let entry =
-                registry::Entry { key: String::new(), job: name.clone(), addr: server.addr.to_string(), token, pid };
-            let (entry, reg) = registry::register(&entry)
-                .with_context(|| format!("registering job `{name}` in {}", registry::home().display()))?;
-            if entry.key != name {
-                tracing::warn!(
-                    job = %name,
-                    "another process runs a job named `{name}`; address this one as `{}` (weir stop {} ...)",
-                    entry.key,
-                    entry.key
-                );
-            }
-            tracing::info!(job = %entry.key, "control API for job `{}` at http://{} (see {})", entry.key, server.addr, reg.display());
-            if json_log() {
-                // A log may be shipped anywhere: no secret in it (the token is in the registry file).
-                tracing::info!(job = %entry.key, "dashboard: http://{}/ui/ (token in {})", server.addr, reg.display());
-            } else {
-                // The token is in the fragment, which the browser never sends; the page drops it
-                // from the address bar. (Loopback, the user's own terminal: as Jupyter does.)
-                eprintln!("dashboard: http://{}/ui/#token={}", server.addr, entry.token);
-            }
+            let (api, endpoint) = JobApi::start(&bound, &engine, &api)?;
             let result = run_job(
                 &bound,
                 progress,
@@ -814,8 +789,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 report,
                 None,
             );
-            registry::unregister(&reg, pid);
-            drop(server);
+            drop(api);
             result
         }
     }
@@ -857,6 +831,62 @@ fn client(server: &Option<Remote>, job: &str) -> Result<(Client, String)> {
     Ok((Client::new(&e.addr, &e.token), e.job))
 }
 
+/// A job's control API on this process, registered so `weir list`/`savepoint`/`stop`/...
+/// find it by the job's name; unregistered when dropped.
+struct JobApi {
+    server: weir::api::server::ApiServer,
+    registered: PathBuf,
+}
+
+impl JobApi {
+    /// Serves `bound`'s API on `addr`; the job's end of it goes into its run options.
+    fn start(
+        bound: &job::bind::BoundJob,
+        engine: &wasmtime::Engine,
+        addr: &str,
+    ) -> Result<(JobApi, weir::runtime::handle::Endpoint)> {
+        let name = bound.graph.name.clone();
+        let (handle, endpoint) = JobHandle::new(&name);
+        let token = registry::new_token();
+        let api_state = Api::new(token.clone(), engine.clone());
+        api_state.add_job(
+            &name,
+            ServedJob { handle, checkpoint_root: bound.graph.checkpoint.as_ref().map(|c| c.dir.join(&name)) },
+        );
+        let server = api_state.serve(addr).with_context(|| format!("cannot listen on {addr} for the control API"))?;
+        let pid = std::process::id();
+        let entry =
+            registry::Entry { key: String::new(), job: name.clone(), addr: server.addr.to_string(), token, pid };
+        let (entry, registered) = registry::register(&entry)
+            .with_context(|| format!("registering job `{name}` in {}", registry::home().display()))?;
+        if entry.key != name {
+            tracing::warn!(
+                job = %name,
+                "another process runs a job named `{name}`; address this one as `{}` (weir stop {} ...)",
+                entry.key,
+                entry.key
+            );
+        }
+        tracing::info!(job = %entry.key, "control API for job `{}` at http://{} (see {})", entry.key, server.addr, registered.display());
+        if json_log() {
+            // A log may be shipped anywhere: no secret in it (the token is in the registry file).
+            tracing::info!(job = %entry.key, "dashboard: http://{}/ui/ (token in {})", server.addr, registered.display());
+        } else {
+            // The token is in the fragment, which the browser never sends; the page drops it
+            // from the address bar. (Loopback, the user's own terminal: as Jupyter does.)
+            eprintln!("dashboard: http://{}/ui/#token={}", server.addr, entry.token);
+        }
+        Ok((JobApi { server, registered }, endpoint))
+    }
+}
+
+impl Drop for JobApi {
+    fn drop(&mut self) {
+        registry::unregister(&self.registered, std::process::id());
+        tracing::debug!("control API at {} closed", self.server.addr);
+    }
+}
+
 /// `weir coordinator`: with `ha`, first becomes its cluster's leader and takes the job and its
 /// newest checkpoint from etcd (storing the job file given here if etcd has none).
 fn run_coordinator(
@@ -865,6 +895,7 @@ fn run_coordinator(
     ha: Option<weir::cluster::ha::HaConfig>,
     mut restore: Option<String>,
     allow_non_restored_state: bool,
+    api: &str,
 ) -> Result<()> {
     use weir::cluster::ha::{Leadership, StoredJob};
     let text = std::fs::read_to_string(job).with_context(|| format!("reading {}", job.display()))?;
@@ -914,11 +945,20 @@ fn run_coordinator(
         let o = RunOptions { gate: gate.clone(), ..o.clone() };
         cluster.run(b, &source, &o)
     };
-    run_job(&bound, 0.0, false, restore, None, allow_non_restored_state, None, None, Some(&mut run))?;
-    if let Some(l) = &leader {
+    let (api, endpoint) = JobApi::start(&bound, &engine, api)?;
+    let ran =
+        run_job(&bound, 0.0, false, restore, None, allow_non_restored_state, Some(endpoint), None, Some(&mut run));
+    drop(api);
+    // Finished, stopped with a savepoint or cancelled: a coordinator elected later must not
+    // run it again (a stopped job resumes from its savepoint as a new job).
+    let cancelled = ran.as_ref().err().and_then(|e| e.downcast_ref::<weir::runtime::error::RunError>());
+    let cancelled = matches!(cancelled, Some(weir::runtime::error::RunError::Cancelled { .. }));
+    if let Some(l) = &leader
+        && (ran.is_ok() || cancelled)
+    {
         l.mark_finished()?;
     }
-    Ok(())
+    ran
 }
 
 /// Runs a job on a cluster instead of in this process.

@@ -161,6 +161,16 @@ impl CheckpointStore {
         Ok(loaded)
     }
 
+    /// The local directory of complete checkpoint `id` with every file its manifest names,
+    /// for a savepoint to be copied out of: with an object store, what is not here (on a
+    /// cluster, what the workers uploaded) is downloaded first.
+    pub fn local_copy(&self, id: CheckpointId) -> Result<PathBuf, CheckpointError> {
+        if let Some(r) = &self.remote {
+            self.fetch(r, id.0)?;
+        }
+        Ok(self.chk_dir(id))
+    }
+
     /// [`CheckpointStore::verify_files`] for one subtask's file that is only in the object
     /// store, whose checkpoint directory there holds `stored` (name → size): it is there at
     /// the length its writer reported. (Its chain's files were checked when their own

@@ -11,24 +11,25 @@
 //! old one's channels, acks and part ends; a worker's registration is refused if its protocol
 //! differs.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Select, Sender, unbounded};
+use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::cluster::pipe::{self, Incoming, PipeTx};
 use crate::cluster::protocol::{AttemptNo, Deploy, ToCoordinator, ToWorker, WireControl, WireFailure, attempt_base};
+use crate::cluster::queries::PendingQueries;
 use crate::cluster::roster::Roster;
 use crate::cluster::round::{Action, Fault, Outcome, Round};
 use crate::graph::physical::PhysicalPlan;
 use crate::graph::placement::Placement;
-use crate::ids::{SubtaskIndex, TaskId};
+use crate::ids::{CheckpointId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
 use crate::operator::OperatorFactory;
-use crate::runtime::control::{Control, Event};
+use crate::runtime::control::{Control, Controls, Event};
 use crate::runtime::error::{RunError, TaskFailure};
 use crate::runtime::executor::{AttemptEnd, RunOptions, RunSummary, run_deployed};
 use crate::runtime::latency::{LatencyHistogram, WireLatency};
@@ -102,6 +103,10 @@ pub struct Cluster {
     notes: VecDeque<Note>,
     next_attempt: AttemptNo,
     clock: Instant,
+    /// State queries sent to workers of the current attempt.
+    queries: Arc<Mutex<PendingQueries>>,
+    /// The current attempt's forwarder hears of armed upgrades here.
+    armed: Option<Sender<(u64, AttemptNo, u64, CheckpointId)>>,
 }
 
 impl Cluster {
@@ -118,6 +123,8 @@ impl Cluster {
             notes: VecDeque::new(),
             next_attempt: attempt_base(cfg.epoch),
             clock: Instant::now(),
+            queries: Arc::default(),
+            armed: None,
             cfg,
         })
     }
@@ -184,7 +191,13 @@ impl Cluster {
     fn message(&mut self, id: u64, m: ToCoordinator) {
         let now = self.now();
         if self.roster.heard(id, now) {
-            if !matches!(m, ToCoordinator::Heartbeat) {
+            if let ToCoordinator::QueryAnswer { query, answer } = m {
+                self.queries.lock().unwrap_or_else(|p| p.into_inner()).answer(id, query, answer);
+            } else if let ToCoordinator::UpgradeArmed { attempt, task, id: chk } = m {
+                if let Some(tx) = &self.armed {
+                    let _ = tx.send((id, attempt, task, chk));
+                }
+            } else if !matches!(m, ToCoordinator::Heartbeat) {
                 self.notes.push_back(Note::Message(id, m));
             }
             return;
@@ -430,16 +443,26 @@ impl Cluster {
         let (events_tx, events_rx) = unbounded::<Event>();
         let driver = match a.store {
             Some(store) => {
-                let mut controls = Vec::new();
                 let mut routes = Vec::new();
                 for (si, &w) in run.worker_of.iter().enumerate() {
-                    let (tx, rx) = unbounded::<Control>();
-                    controls.push(tx);
                     let member = run.members[w as usize];
-                    routes.push((rx, si as u64, self.conns.get(&member).map(|c| c.tx.clone())));
+                    let uid = g.nodes[run.plan.subtasks[si].node].id.to_string();
+                    routes.push(Route { member, uid, tx: self.conns.get(&member).map(|c| c.tx.clone()) });
                 }
-                let attempt = round.attempt();
-                std::thread::spawn(move || forward_controls(attempt, routes));
+                let (controls, ordered) = unbounded::<(usize, Control)>();
+                let (armed_tx, armed) = unbounded();
+                self.armed = Some(armed_tx);
+                let forward = Forward {
+                    attempt: round.attempt(),
+                    routes,
+                    queries: self.queries.clone(),
+                    shipped: HashSet::new(),
+                    arming: None,
+                    armed,
+                    stop: stop.clone(),
+                };
+                std::thread::spawn(move || forward.run(ordered));
+                let controls = Controls::Ordered(controls);
                 let dcfg = local::driver_config(a, store, local::task_templates(run.plan));
                 Some(local::start_driver(a, store, dcfg, controls, events_rx, &stop)?)
             }
@@ -447,10 +470,20 @@ impl Cluster {
         };
         let metrics: Vec<Arc<NodeMetrics>> =
             g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
-        let failures = self.collect_ends(g, round, run, &events_tx, &stop, &metrics, first_task);
+        if let Some(e) = &a.opts.endpoint {
+            *e.metrics.lock().unwrap() = metrics.clone();
+        }
+        let user_cancel = a.opts.endpoint.as_ref().map(|e| e.cancel.clone());
+        let mut failures =
+            self.collect_ends(g, round, run, &events_tx, &stop, &metrics, first_task, user_cancel.as_deref());
         stop.store(true, Ordering::Relaxed);
         drop(events_tx);
         let coordinator_end = driver.map(|d| d.join());
+        self.queries.lock().unwrap_or_else(|p| p.into_inner()).fail_all("the job's attempt ended before answering");
+        if failures.is_empty() && user_cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            // Cancelled by its user: the parts stopped as told, and the job ends cancelled.
+            failures.push(TaskFailure::Cancelled { task: first_task(run.members[0]) });
+        }
         local::attempt_end(g, failures, coordinator_end, &metrics)
     }
 
@@ -466,6 +499,7 @@ impl Cluster {
         stop: &AtomicBool,
         metrics: &[Arc<NodeMetrics>],
         first_task: &dyn Fn(u64) -> TaskId,
+        user_cancel: Option<&AtomicBool>,
     ) -> Vec<TaskFailure> {
         loop {
             let note = self.poll(Duration::from_millis(100));
@@ -483,9 +517,15 @@ impl Cluster {
                     }
                     Vec::new()
                 }
-                Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures, records, latency })) => {
+                Some(Note::Message(id, ToCoordinator::Progress { attempt, subtasks })) => {
                     if round.counts_event(id, attempt) {
-                        add_part_metrics(g, metrics, records, latency);
+                        set_progress(run, metrics, id, subtasks);
+                    }
+                    Vec::new()
+                }
+                Some(Note::Message(id, ToCoordinator::PartEnded { attempt, failures, latency })) => {
+                    if round.counts_event(id, attempt) {
+                        add_latency(g, metrics, latency);
                     }
                     round.on_part_ended(id, attempt, failures, now)
                 }
@@ -495,6 +535,9 @@ impl Cluster {
             // A member that does not end its part within the heartbeat timeout of being
             // cancelled (stuck behind a peer that stopped reading) is dropped like a lost one.
             actions.extend(round.on_tick(now));
+            if user_cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                actions.extend(round.on_cancel_requested(now));
+            }
             if actions.contains(&Action::Cancel) {
                 stop.store(true, Ordering::Relaxed);
             }
@@ -538,21 +581,32 @@ impl Running<'_> {
     }
 }
 
-/// Adds a part's record counts and latency histograms to the attempt's metrics (a histogram
-/// that does not decode is dropped with a warning).
-fn add_part_metrics(
+/// A worker's reading of its subtasks' counters becomes theirs here (what it reports of a
+/// subtask it does not run is dropped).
+fn set_progress(
+    run: &Running<'_>,
+    metrics: &[Arc<NodeMetrics>],
+    member: u64,
+    subtasks: Vec<(u64, crate::runtime::metrics::Counters, Option<i64>)>,
+) {
+    for (task, counters, watermark) in subtasks {
+        let Some(s) = run.plan.subtasks.get(task as usize).filter(|_| run.runs(member, task as usize)) else {
+            continue;
+        };
+        if let Some(m) = metrics.get(s.node) {
+            m.subtask(s.subtask).set(counters, watermark);
+        }
+    }
+}
+
+/// Adds a part's latency histograms to the attempt's metrics (a histogram that does not
+/// decode is dropped with a warning).
+fn add_latency(
     g: &crate::graph::logical::JobGraph,
     metrics: &[Arc<NodeMetrics>],
-    records: BTreeMap<String, (u64, u64)>,
     latency: BTreeMap<String, WireLatency>,
 ) {
     let node = |uid: &str| g.nodes.iter().position(|n| n.id.as_str() == uid);
-    for (uid, (rin, rout)) in records {
-        if let Some(i) = node(&uid) {
-            metrics[i].subtask(0).add_in(rin, 0);
-            metrics[i].subtask(0).add_out(rout, 0);
-        }
-    }
     for (uid, wire) in latency {
         let (Some(i), Some(h)) = (node(&uid), LatencyHistogram::from_wire(&wire)) else {
             tracing::warn!("a worker sent a latency histogram for `{uid}` that does not fit; dropped");
@@ -585,30 +639,94 @@ fn lost(task: TaskId, worker: &str) -> TaskFailure {
     }
 }
 
-/// Carries the checkpoint coordinator's messages to the workers of their subtasks until it
-/// drops its senders.
-fn forward_controls(attempt: AttemptNo, mut routes: Vec<(Receiver<Control>, u64, Option<PipeTx<ToWorker>>)>) {
-    while !routes.is_empty() {
-        let mut sel = Select::new();
-        for (rx, _, _) in &routes {
-            sel.recv(rx);
+/// Where one subtask's control messages go: the worker that runs it.
+struct Route {
+    member: u64,
+    uid: String,
+    tx: Option<PipeTx<ToWorker>>,
+}
+
+/// Carries the checkpoint coordinator's messages to the workers of their subtasks, in the
+/// order it sent them, until it drops its sender: a live upgrade's component goes ahead of
+/// its `PrepareUpgrade` (once per worker), and that checkpoint's trigger is held until every
+/// subtask of the operator has the upgrade in its queue (`UpgradeArmed`), since its barrier
+/// travels another path (through the sources and the data plane) and must not overtake it; a
+/// state query's reply waits in the table of queries in flight.
+struct Forward {
+    attempt: AttemptNo,
+    routes: Vec<Route>,
+    queries: Arc<Mutex<PendingQueries>>,
+    /// (member, digest) of the components shipped for upgrades.
+    shipped: HashSet<(u64, String)>,
+    /// The upgrade's checkpoint and the subtasks not armed yet.
+    arming: Option<(CheckpointId, BTreeSet<u64>)>,
+    /// `(member, attempt, task, checkpoint)` of each `UpgradeArmed`.
+    armed: Receiver<(u64, AttemptNo, u64, CheckpointId)>,
+    /// Set when the attempt is over.
+    stop: Arc<AtomicBool>,
+}
+
+impl Forward {
+    fn run(mut self, controls: Receiver<(usize, Control)>) {
+        while let Ok((task, c)) = controls.recv() {
+            if let Control::Trigger(id) = &c
+                && self.arming.as_ref().is_some_and(|(a, _)| a == id)
+            {
+                self.await_armed();
+            }
+            self.forward(task, c);
         }
-        let op = sel.select();
-        let i = op.index();
-        match op.recv(&routes[i].0) {
-            Ok(c) => {
-                let (_, task, tx) = &routes[i];
-                match (WireControl::of(&c), tx) {
-                    (Some(control), Some(tx)) => {
-                        let _ = tx.send(&ToWorker::Control { attempt, task: *task, control });
+    }
+
+    /// Waits until every subtask of the upgrade is armed, or the attempt is over.
+    fn await_armed(&mut self) {
+        let Some((id, mut waiting)) = self.arming.take() else { return };
+        while !waiting.is_empty() && !self.stop.load(Ordering::Relaxed) {
+            match self.armed.recv_timeout(Duration::from_millis(100)) {
+                Ok((member, attempt, task, armed)) => {
+                    let from_its_worker = self.routes.get(task as usize).is_some_and(|r| r.member == member);
+                    if attempt == self.attempt && armed == id && from_its_worker {
+                        waiting.remove(&task);
                     }
-                    (None, _) => tracing::warn!("{c:?} cannot reach a subtask on another worker; dropped"),
-                    _ => {}
                 }
-            }
-            Err(_) => {
-                routes.swap_remove(i);
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
             }
         }
+    }
+
+    fn forward(&mut self, task: usize, c: Control) {
+        let Some(r) = self.routes.get(task) else { return };
+        let Some(tx) = &r.tx else { return };
+        let control = match c {
+            Control::Query(q) => {
+                let Some(query) = self.queries.lock().unwrap_or_else(|p| p.into_inner()).ask(r.member, q.reply) else {
+                    return;
+                };
+                let (operator, subtask, state, key_group, key) = (q.operator, q.subtask, q.state, q.key_group, q.key);
+                WireControl::Query { query, operator, subtask, state, key_group, key }
+            }
+            Control::PrepareUpgrade { id, factory } => {
+                let OperatorFactory::Wasm(c) = factory else {
+                    tracing::warn!("only WebAssembly operators are upgraded on a cluster; {} was not", r.uid);
+                    return;
+                };
+                if self.shipped.insert((r.member, c.sha256.clone())) {
+                    let _ = tx.send(&ToWorker::Component { digest: c.sha256.clone(), bytes: c.bytes.to_vec() });
+                }
+                match &mut self.arming {
+                    Some((a, waiting)) if *a == id => {
+                        waiting.insert(task as u64);
+                    }
+                    _ => self.arming = Some((id, BTreeSet::from([task as u64]))),
+                }
+                WireControl::PrepareUpgrade { id, operator: r.uid.clone(), digest: c.sha256.clone() }
+            }
+            other => match WireControl::of(&other) {
+                Some(w) => w,
+                None => return tracing::warn!("{other:?} cannot reach a subtask on another worker; dropped"),
+            },
+        };
+        let _ = tx.send(&ToWorker::Control { attempt: self.attempt, task: task as u64, control });
     }
 }

@@ -3,7 +3,7 @@
 //! talk over a control connection (`pipe.rs`, `protocol.rs`), and subtasks on different
 //! workers over the data plane (`runtime/net/`). The protocol's decisions are pure state
 //! machines (`roster.rs`, `round.rs` on the coordinator, `follower.rs` on a worker, `lease.rs`
-//! for the leader), run by these shells and by the `cluster_sim_` simulation alike.
+//! for the leader, the table of state queries in flight in `queries.rs`), run by these shells and by the `cluster_sim_` simulation alike.
 
 pub mod coordinator;
 pub mod follower;
@@ -11,6 +11,7 @@ pub mod ha;
 pub mod lease;
 pub mod pipe;
 pub mod protocol;
+pub mod queries;
 pub mod roster;
 pub mod round;
 pub mod worker;

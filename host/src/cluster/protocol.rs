@@ -17,9 +17,10 @@ use crate::ids::{CheckpointId, NodeId, SubtaskIndex, TaskId};
 use crate::runtime::control::{Control, Event};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::latency::WireLatency;
+use crate::runtime::metrics::Counters;
 
 /// Bumped when a message changes; a worker of another version is refused at registration.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The largest message (a component is shipped in one).
 pub const MAX_MESSAGE: usize = 256 << 20;
@@ -66,16 +67,42 @@ pub enum ToCoordinator {
         /// The event.
         event: Event,
     },
+    /// Its subtasks' counters and watermarks, now (sent every second while a part runs, and
+    /// once more before `PartEnded`).
+    Progress {
+        /// The attempt.
+        attempt: AttemptNo,
+        /// Per subtask it runs: global task index, counters, watermark.
+        subtasks: Vec<(u64, Counters, Option<i64>)>,
+    },
     /// Every subtask of its part of the attempt has exited.
     PartEnded {
         /// The attempt.
         attempt: AttemptNo,
         /// Failures of its subtasks (empty: all finished or stopped as told).
         failures: Vec<WireFailure>,
-        /// Records in and out per node uid.
-        records: BTreeMap<String, (u64, u64)>,
         /// Latency-measuring sinks' histograms per node uid.
         latency: BTreeMap<String, WireLatency>,
+    },
+    /// The answer to [`WireControl::Query`] number `query`: the [`QueryAnswer`] as JSON, or
+    /// why there is none.
+    ///
+    /// [`QueryAnswer`]: crate::runtime::query::QueryAnswer
+    QueryAnswer {
+        /// The query's number.
+        query: u64,
+        /// The answer.
+        answer: Result<String, String>,
+    },
+    /// [`WireControl::PrepareUpgrade`] for checkpoint `id` is in subtask `task`'s queue, its
+    /// component compiled: the checkpoint's barrier may now reach the subtask.
+    UpgradeArmed {
+        /// The attempt.
+        attempt: AttemptNo,
+        /// Global task index.
+        task: u64,
+        /// The upgrade's checkpoint.
+        id: CheckpointId,
     },
 }
 
@@ -192,8 +219,10 @@ impl WireFailure {
     }
 }
 
-/// The control messages that cross the network (savepoint stops and checkpoints; live
-/// upgrades and state queries stay in one process for now).
+/// The control messages that cross the network. Two carry what cannot travel as it is in one
+/// process: a live upgrade's component goes ahead by its digest ([`ToWorker::Component`]), and
+/// a state query's reply channel stays with the coordinator, which matches the worker's
+/// [`ToCoordinator::QueryAnswer`] to it by number.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WireControl {
     /// [`Control::Trigger`].
@@ -217,6 +246,30 @@ pub enum WireControl {
         /// Switch.
         commit: bool,
     },
+    /// [`Control::PrepareUpgrade`], its component shipped before under `digest`.
+    PrepareUpgrade {
+        /// The checkpoint whose barrier switches the version.
+        id: CheckpointId,
+        /// The operator's uid.
+        operator: String,
+        /// SHA-256 of the new component.
+        digest: String,
+    },
+    /// [`Control::Query`] number `query`.
+    Query {
+        /// The query's number (its answer carries it back).
+        query: u64,
+        /// Operator uid.
+        operator: String,
+        /// The subtask that owns the key's group.
+        subtask: u32,
+        /// The keyed state.
+        state: String,
+        /// The key's group.
+        key_group: u32,
+        /// The key.
+        key: Vec<u8>,
+    },
 }
 
 impl WireControl {
@@ -235,9 +288,10 @@ impl WireControl {
         })
     }
 
-    /// Back to the subtask's message.
-    pub fn into_control(self) -> Control {
-        match self {
+    /// Back to the subtask's message; `Err(self)` for the two the worker must complete
+    /// (`PrepareUpgrade` needs the compiled component, `Query` a reply channel).
+    pub fn into_control(self) -> Result<Control, WireControl> {
+        Ok(match self {
             WireControl::Trigger(id) => Control::Trigger(id),
             WireControl::Complete(id) => Control::Complete(id),
             WireControl::Abort(id) => Control::Abort(id),
@@ -246,7 +300,8 @@ impl WireControl {
             WireControl::Stop => Control::Stop,
             WireControl::FullSnapshot(id) => Control::FullSnapshot(id),
             WireControl::UpgradeDecision { id, commit } => Control::UpgradeDecision { id, commit },
-        }
+            w @ (WireControl::PrepareUpgrade { .. } | WireControl::Query { .. }) => return Err(w),
+        })
     }
 }
 
@@ -337,12 +392,11 @@ mod tests {
                     },
                 },
             },
-            ToCoordinator::PartEnded {
+            ToCoordinator::Progress {
                 attempt: 3,
-                failures: vec![],
-                records: BTreeMap::from([("a".into(), (1, 2))]),
-                latency: BTreeMap::new(),
+                subtasks: vec![(1, Counters { records_in: 5, busy_ms: 2, ..Counters::default() }, Some(-4))],
             },
+            ToCoordinator::PartEnded { attempt: 3, failures: vec![], latency: BTreeMap::new() },
         ];
         let mut bytes = Vec::new();
         for m in &msgs {
@@ -378,7 +432,19 @@ mod tests {
             Control::UpgradeDecision { id: CheckpointId(4), commit: true },
         ] {
             let w = WireControl::of(&c).unwrap();
-            assert_eq!(format!("{:?}", w.clone().into_control()), format!("{c:?}"));
+            assert_eq!(format!("{:?}", w.clone().into_control().unwrap()), format!("{c:?}"));
         }
+        // The two a worker completes come back as they are.
+        let q = WireControl::Query {
+            query: 9,
+            operator: "count".into(),
+            subtask: 1,
+            state: "n".into(),
+            key_group: 3,
+            key: b"k".to_vec(),
+        };
+        assert_eq!(q.clone().into_control().unwrap_err(), q);
+        let u = WireControl::PrepareUpgrade { id: CheckpointId(5), operator: "count".into(), digest: "ab".into() };
+        assert_eq!(u.clone().into_control().unwrap_err(), u);
     }
 }

@@ -169,6 +169,15 @@ impl<F> Round<F> {
         out
     }
 
+    /// The job's user cancelled it: every member is told to cancel its part (once); the
+    /// round is over when all have ended, as after a fault.
+    pub fn on_cancel_requested(&mut self, now: u64) -> Vec<Action<F>> {
+        if self.over {
+            return Vec::new();
+        }
+        self.end_all(now)
+    }
+
     /// Time passed: drops members that did not build their part by the deploy deadline, or
     /// did not end it in time after a cancel.
     pub fn on_tick(&mut self, now: u64) -> Vec<Action<F>> {
@@ -200,6 +209,11 @@ impl<F> Round<F> {
 
     fn fault(&mut self, f: Fault<F>, now: u64) -> Vec<Action<F>> {
         self.faults.push(f);
+        self.end_all(now)
+    }
+
+    /// Every member cancels its part; over at once if none started.
+    fn end_all(&mut self, now: u64) -> Vec<Action<F>> {
         if !self.started {
             // Nothing ran yet: the others' parts are only built; cancelling them is enough.
             self.over = true;
@@ -233,6 +247,21 @@ mod tests {
     use super::*;
 
     type R = Round<&'static str>;
+
+    #[test]
+    fn cluster_round_a_users_cancel_is_sent_once_and_over_when_every_part_ended() {
+        let mut r = R::new(7, vec![1, 2], 100);
+        r.on_ready(1, 7);
+        r.on_ready(2, 7);
+        assert_eq!(r.on_cancel_requested(10), vec![Action::Cancel]);
+        assert!(r.on_cancel_requested(11).is_empty(), "cancel is sent once");
+        assert!(r.on_part_ended(1, 7, vec![], 12).is_empty());
+        assert_eq!(r.on_part_ended(2, 7, vec![], 13), vec![Action::Over(Outcome::Ended(vec![]))]);
+        assert!(r.on_cancel_requested(14).is_empty() && r.is_over());
+        // Before the start: over at once.
+        let mut r = R::new(8, vec![1], 100);
+        assert_eq!(r.on_cancel_requested(1), vec![Action::Cancel, Action::Over(Outcome::Ended(vec![]))]);
+    }
 
     #[test]
     fn cluster_round_starts_only_when_every_member_is_ready_and_ignores_strangers() {

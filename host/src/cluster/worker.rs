@@ -26,10 +26,13 @@ use crate::checkpoint::mirror;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
 use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
-use crate::cluster::protocol::{AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireFailure};
+use crate::cluster::protocol::{
+    AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl, WireFailure,
+};
 use crate::graph::physical::PhysicalPlan;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
+use crate::operator::OperatorFactory;
 use crate::runtime::control::Control;
 use crate::runtime::driver::Completed;
 use crate::runtime::error::TaskFailure;
@@ -38,8 +41,12 @@ use crate::runtime::local::{self, Attempt, Part, Threads};
 use crate::runtime::message::Message;
 use crate::runtime::net::link::{ChannelKey, Inbound, Outbound};
 use crate::runtime::net::tls::ClusterTls;
+use crate::runtime::query::StateQuery;
 use crate::runtime::subtask::StartError;
-use crate::sandbox::instance::sha256_hex;
+use crate::sandbox::instance::{LoadedComponent, sha256_hex};
+
+/// How long a subtask may take to answer a state query (the API's own timeout).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -123,6 +130,8 @@ struct Prepared {
     outgoing: Vec<(usize, Receiver<Message>)>,
     worker_of: Vec<u32>,
     peers: Vec<SocketAddr>,
+    /// This worker's index in `peers`.
+    you: u32,
 }
 
 /// The attempt this worker runs.
@@ -147,6 +156,9 @@ struct Worker {
     /// The protocol's decisions: whom to follow, which attempt to obey.
     follower: Follower,
     clock: Instant,
+    /// Components of live upgrades, compiled, by digest (the subtasks of one operator on this
+    /// worker share one compile).
+    upgrades: HashMap<String, OperatorFactory>,
 }
 
 /// Runs the worker until the coordinator refuses it; reconnects whenever the coordinator
@@ -181,6 +193,7 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         current: None,
         follower: Follower::new(),
         clock: Instant::now(),
+        upgrades: HashMap::new(),
     };
     let mut announced = false;
     for name in w.cfg.coordinators.clone().into_iter().cycle() {
@@ -299,11 +312,30 @@ impl Worker {
                     }
                 }
                 ToWorker::Control { attempt, task, control } => {
-                    if self.follower.obeys(attempt)
-                        && let Some(Current::Running { controls, .. }) = &self.current
+                    if !self.follower.obeys(attempt) {
+                        continue;
+                    }
+                    let control = match control.into_control() {
+                        Ok(c) => c,
+                        Err(w) => match self.complete(w, tx) {
+                            Some(c) => c,
+                            None => continue,
+                        },
+                    };
+                    let upgrade = match &control {
+                        Control::PrepareUpgrade { id, .. } => Some(*id),
+                        _ => None,
+                    };
+                    // A query for a subtask not running here is dropped with its reply
+                    // channel, which answers its caller.
+                    if let Some(Current::Running { controls, .. }) = &self.current
                         && let Some(Some(c)) = controls.get(task as usize)
+                        && c.send(control).is_ok()
+                        && let Some(id) = upgrade
                     {
-                        let _ = c.send(control.into_control());
+                        // Queued before the checkpoint's barrier can arrive: the coordinator
+                        // holds its trigger until then.
+                        let _ = tx.send(&ToCoordinator::UpgradeArmed { attempt, task, id });
                     }
                 }
                 ToWorker::Cancel(attempt) => {
@@ -330,6 +362,64 @@ impl Worker {
             Some(Current::Prepared(_, p)) => drop(p),
             None => {}
         }
+    }
+
+    /// The subtask's message for a control this worker completes: a state query gets a reply
+    /// channel whose answer goes to the coordinator under the query's number; a live upgrade
+    /// gets its component, compiled from the copy shipped ahead of it. `None` (the attempt
+    /// is cancelled, so it restarts without the upgrade) when that component cannot be had.
+    fn complete(&mut self, w: WireControl, tx: &PipeTx<ToCoordinator>) -> Option<Control> {
+        match w {
+            WireControl::Query { query, operator, subtask, state, key_group, key } => {
+                let (reply, answer) =
+                    crossbeam_channel::bounded::<Result<crate::runtime::query::QueryAnswer, String>>(1);
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let answer = match answer.recv_timeout(QUERY_TIMEOUT) {
+                        Ok(a) => a.and_then(|a| serde_json::to_string(&a).map_err(|e| e.to_string())),
+                        Err(RecvTimeoutError::Timeout) => Err("the subtask did not answer in time".to_string()),
+                        Err(RecvTimeoutError::Disconnected) => {
+                            Err("the subtask is not running on this worker any more".to_string())
+                        }
+                    };
+                    let _ = tx.send(&ToCoordinator::QueryAnswer { query, answer });
+                });
+                Some(Control::Query(StateQuery { operator, subtask, state, key_group, key, reply }))
+            }
+            WireControl::PrepareUpgrade { id, operator, digest } => match self.upgrade_factory(&operator, &digest) {
+                Ok(factory) => Some(Control::PrepareUpgrade { id, factory }),
+                Err(e) => {
+                    tracing::error!(
+                        "worker `{}`: cannot upgrade operator `{operator}` to component {digest}: {e}; cancelling \
+                         this attempt (the job restarts from its last checkpoint without the upgrade)",
+                        self.cfg.name
+                    );
+                    if let Some(Current::Running { cancel, .. }) = &self.current {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
+                    None
+                }
+            },
+            other => other.into_control().ok(),
+        }
+    }
+
+    /// The compiled component of a live upgrade, shipped before as `digest`.
+    fn upgrade_factory(&mut self, uid: &str, digest: &str) -> Result<OperatorFactory, String> {
+        if let Some(f) = self.upgrades.get(digest) {
+            return Ok(f.clone());
+        }
+        let path = self.component_path(digest);
+        if !path.is_file() {
+            return Err(format!("it was not shipped to this worker ({} is missing)", path.display()));
+        }
+        let c = LoadedComponent::load(&self.engine, uid, &path).map_err(|e| e.to_string())?;
+        if self.upgrades.len() >= 8 {
+            self.upgrades.clear();
+        }
+        let f = OperatorFactory::Wasm(Arc::new(c));
+        self.upgrades.insert(digest.to_string(), f.clone());
+        Ok(f)
     }
 
     fn component_path(&self, digest: &str) -> PathBuf {
@@ -445,8 +535,15 @@ impl Worker {
             Err(StartError::Setup(e)) => return Err(refuse(e.to_string(), true)),
             Err(StartError::Attempt(f)) => return Err(WireFailure::of(&f)),
         };
-        let prepared =
-            Prepared { owned, part, plan, outgoing: wiring.outgoing, worker_of: d.worker_of, peers: d.peers };
+        let prepared = Prepared {
+            owned,
+            part,
+            plan,
+            outgoing: wiring.outgoing,
+            worker_of: d.worker_of,
+            peers: d.peers,
+            you: d.you,
+        };
         self.current = Some(Current::Prepared(d.attempt, Box::new(prepared)));
         Ok(())
     }
@@ -462,7 +559,7 @@ impl Worker {
         let stop = Arc::new(AtomicBool::new(false));
         let (owned, secret, name) = (p.owned.clone(), self.cfg.secret.clone(), self.cfg.name.clone());
         let tls = self.cfg.tls.clone();
-        let (plan, outgoing, worker_of, peers) = (p.plan, p.outgoing, p.worker_of, p.peers);
+        let (plan, outgoing, worker_of, peers, you) = (p.plan, p.outgoing, p.worker_of, p.peers, p.you);
         let events = tx.clone();
         std::thread::spawn(move || {
             for event in events_rx {
@@ -473,6 +570,16 @@ impl Worker {
         });
         let tx = tx.clone();
         let (cancel2, stop2) = (cancel.clone(), stop.clone());
+        let mine: Vec<(u64, usize, u32)> = (0..plan.subtasks.len())
+            .filter(|&t| worker_of.get(t) == Some(&you))
+            .map(|t| (t as u64, plan.subtasks[t].node, plan.subtasks[t].subtask))
+            .collect();
+        let progress = Progress { attempt, mine, metrics: metrics.clone(), tx: tx.clone() };
+        let ended = Arc::new(AtomicBool::new(false));
+        let reporter = {
+            let (progress, ended) = (progress.clone(), ended.clone());
+            std::thread::spawn(move || progress.every_second(&ended))
+        };
         let runner = std::thread::spawn(move || {
             let a = owned.attempt();
             let g = &a.job.graph;
@@ -508,7 +615,10 @@ impl Worker {
             // Not joined: a forwarder blocked on a peer that stopped reading ends when that
             // connection does; the attempt is over for the coordinator either way.
             drop(forwarders);
-            let records = g.nodes.iter().zip(&metrics).map(|(n, m)| (n.id.to_string(), m.read())).collect();
+            ended.store(true, Ordering::Relaxed);
+            let _ = reporter.join();
+            // The final counters go ahead of the end, on the same connection.
+            progress.send();
             let latency = g
                 .nodes
                 .iter()
@@ -519,9 +629,43 @@ impl Worker {
                 })
                 .collect();
             let failures = failures.iter().map(WireFailure::of).collect();
-            let _ = tx.send(&ToCoordinator::PartEnded { attempt, failures, records, latency });
+            let _ = tx.send(&ToCoordinator::PartEnded { attempt, failures, latency });
         });
         self.current = Some(Current::Running { controls, cancel, stop, runner });
+    }
+}
+
+/// Reports a running part's counters to the coordinator.
+#[derive(Clone)]
+struct Progress {
+    attempt: AttemptNo,
+    /// Global task index, node and subtask of each subtask this worker runs.
+    mine: Vec<(u64, usize, u32)>,
+    metrics: Vec<Arc<crate::runtime::metrics::NodeMetrics>>,
+    tx: PipeTx<ToCoordinator>,
+}
+
+impl Progress {
+    fn send(&self) {
+        let subtasks = self
+            .mine
+            .iter()
+            .filter_map(|&(t, node, s)| self.metrics.get(node).map(|m| (t, m.subtask(s).read(), m.watermark_of(s))))
+            .collect();
+        let _ = self.tx.send(&ToCoordinator::Progress { attempt: self.attempt, subtasks });
+    }
+
+    /// Every second until `ended`.
+    fn every_second(&self, ended: &AtomicBool) {
+        while !ended.load(Ordering::Relaxed) {
+            for _ in 0..20 {
+                if ended.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            self.send();
+        }
     }
 }
 

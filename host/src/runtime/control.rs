@@ -10,6 +10,33 @@ use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
 
+/// Where the checkpoint coordinator's messages to its subtasks go.
+#[derive(Clone)]
+pub enum Controls {
+    /// One channel per subtask (in one process).
+    PerTask(Vec<crossbeam_channel::Sender<Control>>),
+    /// One stream of `(task, message)` in the order they were sent (a cluster's coordinator
+    /// forwards them to the workers in that order, and holds an upgrade's trigger until the
+    /// workers have its component ready).
+    Ordered(crossbeam_channel::Sender<(usize, Control)>),
+}
+
+impl Controls {
+    /// Sends `c` to subtask `task` (a subtask that has exited is skipped).
+    pub fn send(&self, task: usize, c: Control) {
+        match self {
+            Controls::PerTask(v) => {
+                if let Some(tx) = v.get(task) {
+                    let _ = tx.send(c);
+                }
+            }
+            Controls::Ordered(tx) => {
+                let _ = tx.send((task, c));
+            }
+        }
+    }
+}
+
 /// Coordinator → subtask.
 #[derive(Clone)]
 pub enum Control {

@@ -32,7 +32,7 @@ use crate::graph::logical::CheckpointSettings;
 use crate::graph::logical::JobGraph;
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
-use crate::runtime::control::{Ack, Control, Event};
+use crate::runtime::control::{Ack, Control, Controls, Event};
 use crate::runtime::handle::{CheckpointFailure, FAILURES_KEPT, JobStatus, Request, SavepointInfo, UpgradeInfo};
 use crate::runtime::query::{QueryAnswer, StateQuery, resolve_state};
 use crate::runtime::upgrade;
@@ -193,7 +193,7 @@ fn record_failure(cfg: &DriverConfig, id: CheckpointId, reason: &str) {
 pub fn run(
     mut cfg: DriverConfig,
     store: CheckpointStore,
-    controls: Vec<Sender<Control>>,
+    controls: Controls,
     events: Receiver<Event>,
     stop: Arc<AtomicBool>,
     completed: Arc<Completed>,
@@ -208,14 +208,15 @@ pub fn run(
     let mut final_retry_at = 0u64;
     let mut inbox: Option<Request> = None;
     let mut trigger_unix = std::collections::BTreeMap::new();
+    let tasks = cfg.tasks.len();
     let broadcast = |c: Control| {
-        for tx in &controls {
-            let _ = tx.send(c.clone());
+        for t in 0..tasks {
+            controls.send(t, c.clone());
         }
     };
     let send_to = |tasks: &[usize], c: Control| {
         for &t in tasks {
-            let _ = controls[t].send(c.clone());
+            controls.send(t, c.clone());
         }
     };
     let mut savepoint: Option<PendingSavepoint> = None;
@@ -505,7 +506,11 @@ pub fn run(
                     if let Some(sp) = savepoint.take_if(|s| s.id == Some(id)) {
                         let dir =
                             sp.dir.clone().unwrap_or_else(|| store.root().join("savepoints").join(format!("sp-{id}")));
-                        match export_savepoint(&store.chk_dir(id), &manifest, &dir) {
+                        let exported = store
+                            .local_copy(id)
+                            .map_err(|e| std::io::Error::other(e.to_string()))
+                            .and_then(|chk| export_savepoint(&chk, &manifest, &dir));
+                        match exported {
                             Ok(bytes) => {
                                 let info = SavepointInfo {
                                     path: dir.clone(),
@@ -606,7 +611,7 @@ struct Disconnected;
 /// itself), or answers at once why it cannot be asked.
 fn route_query(
     cfg: &DriverConfig,
-    controls: &[Sender<Control>],
+    controls: &Controls,
     uid: String,
     key: Vec<u8>,
     state: Option<String>,
@@ -634,7 +639,7 @@ fn route_query(
     };
     // A subtask whose input ended still answers, from its final state, until the job ends.
     let q = StateQuery { operator: uid, subtask: t.subtask, state, key_group: kg, key, reply };
-    let _ = controls[task].send(Control::Query(q));
+    controls.send(task, Control::Query(q));
 }
 
 fn fail_requests(

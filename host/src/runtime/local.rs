@@ -24,7 +24,7 @@ use crate::graph::physical::PhysicalPlan;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
 use crate::operator::OperatorFactory;
-use crate::runtime::control::{Control, Event, WriteMsg};
+use crate::runtime::control::{Control, Controls, Event, WriteMsg};
 use crate::runtime::driver::{self, Completed, DriverConfig, DriverEnd, NodeTemplate, TaskTemplate};
 use crate::runtime::error::{RunError, TaskFailure};
 use crate::runtime::executor::{AttemptEnd, Live, RunOptions, report_progress, summaries};
@@ -88,7 +88,7 @@ pub(crate) fn run_attempt(a: &Attempt<'_>) -> Result<AttemptEnd, RunError> {
             let dcfg = driver_config(a, store, templates);
             let controls = controls.into_iter().map(|c| c.expect("every subtask runs here")).collect();
             let w = start_writer(a, store, &events_tx, writer_rx)?;
-            Some((start_driver(a, store, dcfg, controls, events_rx, &stop)?, w))
+            Some((start_driver(a, store, dcfg, Controls::PerTask(controls), events_rx, &stop)?, w))
         }
         None => None,
     };
@@ -421,7 +421,7 @@ pub(crate) fn start_driver(
     a: &Attempt<'_>,
     store: &CheckpointStore,
     dcfg: DriverConfig,
-    controls: Vec<Sender<Control>>,
+    controls: Controls,
     events_rx: Receiver<Event>,
     stop: &Arc<AtomicBool>,
 ) -> Result<CoordinatorThread, RunError> {

@@ -127,6 +127,28 @@ impl SubtaskMetrics {
     pub fn watermark(&self) -> Option<i64> {
         self.has_watermark.load(Ordering::Acquire).then(|| self.watermark.load(Ordering::Relaxed))
     }
+    /// Takes a reading made elsewhere (a subtask on another worker of a cluster): every
+    /// counter becomes what it says.
+    pub fn set(&self, c: Counters, watermark: Option<i64>) {
+        let ns = |ms: u64| ms.saturating_mul(1_000_000);
+        for (a, v) in [
+            (&self.records_in, c.records_in),
+            (&self.records_out, c.records_out),
+            (&self.bytes_in, c.bytes_in),
+            (&self.bytes_out, c.bytes_out),
+            (&self.backpressured_ns, ns(c.backpressured_ms)),
+            (&self.busy_ns, ns(c.busy_ms)),
+            (&self.idle_ns, ns(c.idle_ms)),
+            (&self.calls, c.guest_calls),
+            (&self.dead_letters, c.dead_letters),
+            (&self.guest_memory_bytes, c.guest_memory_bytes),
+        ] {
+            a.store(v, Ordering::Relaxed);
+        }
+        if let Some(wm) = watermark {
+            self.set_watermark(wm);
+        }
+    }
     /// Records received so far.
     pub fn records_in(&self) -> u64 {
         self.records_in.load(Ordering::Relaxed)
