@@ -62,7 +62,19 @@ fn coordinator_with(job: &Path, secret: &Path, workers: u32, heartbeat_timeout_m
 }
 
 fn coordinator_args(job: &Path, secret: &Path, workers: u32, heartbeat_timeout_ms: u64, extra: &[&str]) -> Coordinator {
+    coordinator_env(job, secret, workers, heartbeat_timeout_ms, extra, &[])
+}
+
+fn coordinator_env(
+    job: &Path,
+    secret: &Path,
+    workers: u32,
+    heartbeat_timeout_ms: u64,
+    extra: &[&str],
+    env: &[(&'static str, String)],
+) -> Coordinator {
     let mut child = weir()
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(["coordinator", "--listen", "127.0.0.1:0", "--heartbeat-timeout-ms", &heartbeat_timeout_ms.to_string()])
         .args(extra)
         .args(["--workers", &workers.to_string(), "--secret-file"])
@@ -540,8 +552,11 @@ fn cluster_members_speak_mutual_tls_and_refuse_peers_without_the_clusters_certif
     assert!(got == expected, "committed output differs from the expected wordcount");
 }
 
+/// Checkpoints in `chk/` beside the job file.
+const CHK: &str = "dir = \"chk\"";
+
 /// The oracle job on a cluster: an endless generator (until `count`) → the exactly-once oracle
-/// (`component`, parallelism `p`) → file sinks.
+/// (`component`, parallelism `p`) → file sinks; `checkpoints` says where checkpoints go.
 fn oracle_cluster_job(
     dir: &Path,
     name: &str,
@@ -549,10 +564,11 @@ fn oracle_cluster_job(
     p: u32,
     count: u64,
     rate: &str,
+    checkpoints: &str,
 ) -> std::path::PathBuf {
     let toml = format!(
         "[job]\nname = \"{name}\"\nmax_parallelism = 32\nbatch_size = 64\n\
-         [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n\
+         [checkpoint]\ninterval_ms = 100\n{checkpoints}\n\
          [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = 48\n{rate}\n\
          [[operator]]\nid = \"oracle\"\ncomponent = {}\nparallelism = {p}\nconfig = {{ keys = \"48\" }}\n\
          inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
@@ -611,7 +627,7 @@ fn query_until(
 fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_parallelism_exactly_once() {
     let dir = scratch();
     let name = "cluster-api";
-    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000");
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", CHK);
     let secret = secret(dir.path());
     let mut before = Procs::default();
     let mut c = coordinator(&job, &secret, 2);
@@ -641,18 +657,9 @@ fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_para
     drop(before);
     // The stop committed exactly the records before the savepoint: the generator's first
     // `pos` of them. The restored job runs to `pos` + 4800.
-    let first = committed_lines(&dir.path().join("out"));
-    let pos = first
-        .iter()
-        .map(|l| {
-            let (k, s) = l.split_once(' ').unwrap();
-            s.parse::<u64>().unwrap() * 48 + k.parse::<u64>().unwrap() + 1
-        })
-        .max()
-        .expect("output committed before the stop");
-    assert_eq!(first.len() as u64, pos, "the stop commits a prefix of the stream");
+    let pos = stopped_at(&committed_lines(&dir.path().join("out")));
     let count = pos + 4800;
-    let job = oracle_cluster_job(dir.path(), name, "test_oracle_v2", 3, count, "");
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle_v2", 3, count, "", CHK);
     let mut c = coordinator_args(&job, &secret, 3, 10_000, &["--restore", sp2.to_str().unwrap()]);
     let mut after = Procs::default();
     for w in ["w3", "w4", "w5"] {
@@ -660,13 +667,7 @@ fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_para
     }
     let log = finish(&mut c);
     assert!(log.contains(&format!("restoring job `{name}` from savepoint")), "{log}");
-    let v = committed_lines(&dir.path().join("violations"));
-    assert!(v.is_empty(), "oracle violations: {:?}", &v[..v.len().min(5)]);
-    let mut golden: Vec<String> = (0..count).map(|i| format!("{} {}", i % 48, i / 48)).collect();
-    golden.sort();
-    let got = committed_lines(&dir.path().join("out"));
-    assert_eq!(got.len(), golden.len(), "committed lines after the restore");
-    assert!(got == golden, "committed output differs from every record exactly once");
+    assert_oracle_golden(dir.path(), count);
 }
 
 /// `weir cancel` on a cluster's job: every worker's part stops, the coordinator ends with the
@@ -675,7 +676,7 @@ fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_para
 fn cluster_api_cancel_stops_the_job_on_every_worker() {
     let dir = scratch();
     let name = "cluster-cancel";
-    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000");
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", CHK);
     let secret = secret(dir.path());
     let mut procs = Procs::default();
     let mut c = coordinator(&job, &secret, 2);
@@ -713,4 +714,76 @@ fn cluster_api_cancel_stops_the_job_on_every_worker() {
     for w in &mut procs.0 {
         assert!(w.try_wait().unwrap().is_none(), "a worker exited with the job");
     }
+}
+
+/// The golden output of the oracle job up to `count`, after a stop that committed `first`:
+/// checks that `first` is a prefix of the stream and returns where it ends.
+fn stopped_at(first: &[String]) -> u64 {
+    let pos = first
+        .iter()
+        .map(|l| {
+            let (k, s) = l.split_once(' ').unwrap();
+            s.parse::<u64>().unwrap() * 48 + k.parse::<u64>().unwrap() + 1
+        })
+        .max()
+        .expect("output committed before the stop");
+    assert_eq!(first.len() as u64, pos, "the stop commits a prefix of the stream");
+    pos
+}
+
+fn assert_oracle_golden(dir: &Path, count: u64) {
+    let v = committed_lines(&dir.join("violations"));
+    assert!(v.is_empty(), "oracle violations: {:?}", &v[..v.len().min(5)]);
+    let mut golden: Vec<String> = (0..count).map(|i| format!("{} {}", i % 48, i / 48)).collect();
+    golden.sort();
+    let got = committed_lines(&dir.join("out"));
+    assert_eq!(got.len(), golden.len(), "committed lines after the restore");
+    assert!(got == golden, "committed output differs from every record exactly once");
+}
+
+/// A bucket job stopped with a savepoint in its default place, the bucket
+/// (`<checkpoints>/savepoints/sp-<id>`): the coordinator, which holds none of the workers' state
+/// files, downloads the checkpoint to copy it, uploads the savepoint and creates its manifest
+/// last. Every local directory is then deleted, and new workers restore the savepoint from
+/// its URL at another parallelism, exactly once.
+#[test]
+fn cluster_s3_a_savepoint_in_the_bucket_restores_on_new_workers_at_another_parallelism_exactly_once() {
+    let s3 = crate::s3::S3Server::start();
+    let env = s3.env();
+    let dir = scratch();
+    let name = "cluster-s3-sp";
+    let bucket = "dir = \"s3://weir/sp\"\nstaging_dir = \"staging\"\nincremental = true";
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", bucket);
+    let secret = secret(dir.path());
+    let mut before = Procs::default();
+    let mut c = coordinator_env(&job, &secret, 2, 10_000, &[], &env);
+    for w in ["w1", "w2"] {
+        before
+            .0
+            .push(worker_cmd(&c, &secret, w, 1, dir.path()).envs(env.clone()).stderr(Stdio::null()).spawn().unwrap());
+    }
+    query_until(name, "3", &mut c, |a| a["value"].as_u64().is_some_and(|n| n > 2));
+    let out = cli(&["stop", name]);
+    let url = out.split_whitespace().find(|w| w.starts_with("s3://")).unwrap_or_else(|| panic!("{out}")).to_string();
+    assert!(url.starts_with(&format!("s3://weir/sp/{name}/savepoints/sp-")), "{out}");
+    finish(&mut c);
+    drop(before);
+    let key = format!("{}/_metadata", url.trim_start_matches("s3://weir/"));
+    assert!(s3.keys("sp").contains(&key), "{key} not in the bucket");
+    let pos = stopped_at(&committed_lines(&dir.path().join("out")));
+    for gone in ["staging", "w1", "w2"] {
+        std::fs::remove_dir_all(dir.path().join(gone)).unwrap();
+    }
+    let count = pos + 4800;
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 3, count, "", bucket);
+    let mut c = coordinator_env(&job, &secret, 3, 10_000, &["--restore", &url], &env);
+    let mut after = Procs::default();
+    for w in ["w3", "w4", "w5"] {
+        after
+            .0
+            .push(worker_cmd(&c, &secret, w, 1, dir.path()).envs(env.clone()).stderr(Stdio::null()).spawn().unwrap());
+    }
+    let log = finish(&mut c);
+    assert!(log.contains(&format!("restoring job `{name}` from savepoint")), "{log}");
+    assert_oracle_golden(dir.path(), count);
 }

@@ -795,8 +795,10 @@ fn real_main(cli: Cli) -> Result<()> {
     }
 }
 
+/// `p` from the current directory (an `s3://` URL as it is).
 fn absolute(p: PathBuf) -> Result<PathBuf> {
-    Ok(if p.is_absolute() { p } else { std::env::current_dir()?.join(p) })
+    let url = weir::checkpoint::remote_savepoint::is_url(&p);
+    Ok(if p.is_absolute() || url { p } else { std::env::current_dir()?.join(p) })
 }
 
 /// `--server`, `--token` and `--ca-cert`.

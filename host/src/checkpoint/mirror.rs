@@ -219,10 +219,10 @@ pub fn fetch_url(url: &str, local: &std::path::Path) -> Result<LoadedCheckpoint,
     let bad = |why: &str| CheckpointError::from(RemoteError::Url { url: url.to_string(), why: why.to_string() });
     let trimmed = url.trim_end_matches('/');
     let (parent, last) = trimmed.rsplit_once('/').ok_or_else(|| bad("no checkpoint directory in it"))?;
-    let id = last
-        .strip_prefix("chk-")
-        .and_then(|n| n.parse::<u64>().ok())
-        .ok_or_else(|| bad("name a checkpoint directory: s3://bucket/prefix/<job>/chk-<id>"))?;
+    let Some(id) = last.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok()) else {
+        // Anything but `chk-<id>` is a savepoint's place.
+        return crate::checkpoint::remote_savepoint::fetch(trimmed, &local.join("savepoint"));
+    };
     let remote = Remote::open(parent)?;
     let store = CheckpointStore::at(local);
     store.fetch(&remote, id)

@@ -13,6 +13,7 @@ pub mod metadata;
 pub mod mirror;
 pub mod recovery;
 pub mod remote;
+pub mod remote_savepoint;
 pub mod snapshot;
 pub mod storage;
 pub mod upgrade;

@@ -26,6 +26,7 @@ use crate::checkpoint::coordinator::{AckOutcome, Coordinator, TriggerDecision};
 use crate::checkpoint::metadata::{
     CheckpointMetrics, ComponentEntry, Manifest, OperatorEntry, SubtaskEntry, SubtaskTiming, format_version_for,
 };
+use crate::checkpoint::remote_savepoint;
 use crate::checkpoint::storage::{CheckpointStore, export_savepoint};
 use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
 use crate::graph::logical::CheckpointSettings;
@@ -504,12 +505,20 @@ pub fn run(
                     // The savepoint is copied out before retention can remove its checkpoint.
                     let mut stopping = None;
                     if let Some(sp) = savepoint.take_if(|s| s.id == Some(id)) {
-                        let dir =
-                            sp.dir.clone().unwrap_or_else(|| store.root().join("savepoints").join(format!("sp-{id}")));
-                        let exported = store
-                            .local_copy(id)
-                            .map_err(|e| std::io::Error::other(e.to_string()))
-                            .and_then(|chk| export_savepoint(&chk, &manifest, &dir));
+                        let dir = sp.dir.clone().unwrap_or_else(|| match store.remote() {
+                            Some(r) => PathBuf::from(format!("{}/savepoints/sp-{id}", r.url())),
+                            None => store.root().join("savepoints").join(format!("sp-{id}")),
+                        });
+                        let exported =
+                            store.local_copy(id).map_err(|e| std::io::Error::other(e.to_string())).and_then(|chk| {
+                                match dir.to_str().filter(|_| remote_savepoint::is_url(&dir)) {
+                                    Some(url) => {
+                                        let scratch = store.root().join(format!(".savepoint-{id}"));
+                                        remote_savepoint::export(&chk, &manifest, url, &scratch)
+                                    }
+                                    None => export_savepoint(&chk, &manifest, &dir),
+                                }
+                            });
                         match exported {
                             Ok(bytes) => {
                                 let info = SavepointInfo {
