@@ -553,11 +553,11 @@ fn cluster_members_speak_mutual_tls_and_refuse_peers_without_the_clusters_certif
 }
 
 /// Checkpoints in `chk/` beside the job file.
-const CHK: &str = "dir = \"chk\"";
+pub(crate) const CHK: &str = "dir = \"chk\"";
 
 /// The oracle job on a cluster: an endless generator (until `count`) → the exactly-once oracle
 /// (`component`, parallelism `p`) → file sinks; `checkpoints` says where checkpoints go.
-fn oracle_cluster_job(
+pub(crate) fn oracle_cluster_job(
     dir: &Path,
     name: &str,
     component_name: &str,
@@ -583,7 +583,7 @@ fn oracle_cluster_job(
 }
 
 /// `weir ARGS` (the CLI, finding the job in the registry the coordinator wrote); its stdout.
-fn cli(args: &[&str]) -> String {
+pub(crate) fn cli(args: &[&str]) -> String {
     let out = weir().args(args).output().unwrap();
     assert!(
         out.status.success(),
@@ -699,16 +699,7 @@ fn cluster_api_cancel_stops_the_job_on_every_worker() {
         std::thread::sleep(Duration::from_millis(100));
     }
     cli(&["cancel", name]);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(s) = c.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "not cancelled within 120 s:\n{}", c.log.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    std::thread::sleep(Duration::from_millis(100));
-    let log = c.log.lock().unwrap().clone();
+    let (status, log) = exited(&mut c);
     assert!(!status.success() && log.contains("cancelled"), "{status:?}\n{log}");
     assert!(!log.contains("attempt 2"), "a cancel is not a failure to restart from:\n{log}");
     for w in &mut procs.0 {
@@ -776,6 +767,11 @@ fn cluster_s3_a_savepoint_in_the_bucket_restores_on_new_workers_at_another_paral
     }
     let count = pos + 4800;
     let job = oracle_cluster_job(dir.path(), name, "test_oracle", 3, count, "", bucket);
+    // A place in the bucket that holds no savepoint is refused, saying what to name.
+    let nothing = format!("s3://weir/sp/{name}/savepoints/none");
+    let out = weir().args(["run", "--quiet-guests"]).arg(&job).args(["--restore", &nothing]).envs(env.clone()).output();
+    let said = String::from_utf8_lossy(&out.unwrap().stderr).to_string();
+    assert!(said.contains("holds no savepoint") && said.contains("chk-<id>"), "{said}");
     let mut c = coordinator_env(&job, &secret, 3, 10_000, &["--restore", &url], &env);
     let mut after = Procs::default();
     for w in ["w3", "w4", "w5"] {
@@ -786,4 +782,61 @@ fn cluster_s3_a_savepoint_in_the_bucket_restores_on_new_workers_at_another_paral
     let log = finish(&mut c);
     assert!(log.contains(&format!("restoring job `{name}` from savepoint")), "{log}");
     assert_oracle_golden(dir.path(), count);
+}
+
+/// Waits for the coordinator to exit; its status and log.
+fn exited(c: &mut Coordinator) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = c.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the coordinator did not exit within 120 s:\n{}", c.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let log = c.log.lock().unwrap().clone();
+    (status, log)
+}
+
+/// A cancel while the job still waits for slots ends it at once, cancelled (not after the
+/// slot wait, as a failure a standby would run again).
+#[test]
+fn cluster_api_a_cancel_while_the_job_waits_for_slots_ends_it_at_once() {
+    let dir = scratch();
+    let name = "cluster-cancel-waiting";
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", CHK);
+    let secret = secret(dir.path());
+    // Three workers wanted, none started; the slot wait is far longer than the test.
+    let mut c = coordinator_args(&job, &secret, 3, 10_000, &["--slot-wait-secs", "3600"]);
+    wait_for(&c.log, "waits for 2 slot(s)");
+    cli(&["cancel", name]);
+    let (status, log) = exited(&mut c);
+    assert!(!status.success() && log.contains("cancelled"), "{status:?}\n{log}");
+}
+
+/// A cluster job without `[checkpoint]` refuses savepoints, upgrades and queries at once,
+/// saying why, instead of leaving them to time out.
+#[test]
+fn cluster_api_requests_of_a_job_without_checkpoints_are_refused_saying_why() {
+    let dir = scratch();
+    let name = "cluster-no-checkpoints";
+    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", CHK);
+    let text = std::fs::read_to_string(&job).unwrap().replace("[checkpoint]\ninterval_ms = 100\ndir = \"chk\"\n", "");
+    std::fs::write(&job, text).unwrap();
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    for w in ["w1", "w2"] {
+        procs.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    wait_for(&c.log, "attempt 1:");
+    let started = Instant::now();
+    let out = weir().args(["savepoint", name]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("[checkpoint]"), "{said}");
+    assert!(started.elapsed() < Duration::from_secs(60), "refused only after {:?}", started.elapsed());
+    cli(&["cancel", name]);
+    let (status, log) = exited(&mut c);
+    assert!(!status.success() && log.contains("cancelled"), "{status:?}\n{log}");
 }

@@ -292,3 +292,45 @@ fn cluster_ha_etcd_unreachable_mid_job_stops_the_leader_and_a_new_one_finishes_e
     s.c2 = coordinator(&s.job, &s.secret, s.b, &s.etcd);
     check_takeover(&mut s, "wc-ha-etcd");
 }
+
+/// A job stopped with a savepoint is over for the cluster: the leader records that in etcd
+/// before it confirms the stop, so the standby, elected once the leader has exited, does not
+/// run the job again (which would commit past the savepoint a user may resume elsewhere).
+#[test]
+fn cluster_ha_a_job_stopped_with_a_savepoint_is_not_run_again_by_the_standby() {
+    let etcd = Etcd::start();
+    let dir = scratch();
+    let name = "cluster-ha-stop";
+    let job = crate::cluster::oracle_cluster_job(
+        dir.path(),
+        name,
+        "test_oracle",
+        2,
+        u64::MAX / 2,
+        "rate = 3000",
+        crate::cluster::CHK,
+    );
+    let secret = secret(dir.path());
+    let (a, b) = (free_addr(), free_addr());
+    let mut c1 = coordinator(&job, &secret, a, &etcd);
+    wait_for(&c1.1, "leading cluster `ha`");
+    let mut c2 = coordinator(&job, &secret, b, &etcd);
+    wait_for(&c2.1, "standby: cluster `ha` is led by the coordinator at");
+    let mut procs = Procs::default();
+    let list = format!("{a},{b}");
+    procs.0.push(worker(&list, &secret, "w1", dir.path()));
+    procs.0.push(worker(&list, &secret, "w2", dir.path()));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while etcd.get("/weir/ha/checkpoint").is_none() {
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c1.1.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let sp = dir.path().join("sp");
+    let out = crate::cluster::cli(&["stop", name, "--savepoint", sp.to_str().unwrap()]);
+    assert!(out.contains("stopped with savepoint"), "{out}");
+    assert_eq!(exit_code(&mut c1.0, &c1.1), 0, "{}", c1.1.lock().unwrap());
+    assert!(etcd.get("/weir/ha/finished").is_some(), "the stop is recorded in etcd");
+    assert_eq!(exit_code(&mut c2.0, &c2.1), 0, "{}", c2.1.lock().unwrap());
+    let log = c2.1.lock().unwrap().clone();
+    assert!(log.contains("already run to its end") && !log.contains("restoring job"), "{log}");
+}

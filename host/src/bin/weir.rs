@@ -938,10 +938,14 @@ fn run_coordinator(
         .with_context(|| format!("cannot listen on {listen} for workers"))?;
     println!("listening on {}", cluster.addr());
     let gate = leader.clone().map(|l| {
-        weir::runtime::driver::PublishGate(std::sync::Arc::new(move |_, path: &std::path::Path| {
-            l.record_checkpoint(path);
-            Ok(())
-        }))
+        let ended = l.clone();
+        weir::runtime::driver::PublishGate {
+            publish: std::sync::Arc::new(move |_, path: &std::path::Path| {
+                l.record_checkpoint(path);
+                Ok(())
+            }),
+            stopped: std::sync::Arc::new(move || ended.mark_finished()),
+        }
     });
     let mut run = |b: &job::bind::BoundJob, o: &RunOptions| {
         let o = RunOptions { gate: gate.clone(), ..o.clone() };
@@ -958,7 +962,7 @@ fn run_coordinator(
     if let Some(l) = &leader
         && (ran.is_ok() || cancelled)
     {
-        l.mark_finished()?;
+        l.mark_finished();
     }
     ran
 }

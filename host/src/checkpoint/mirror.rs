@@ -126,9 +126,17 @@ impl CheckpointStore {
         Ok(None)
     }
 
-    /// Downloads what checkpoint `id` needs into the local directory (what is already there
-    /// at the declared size is kept), writes its manifest last, and loads it.
+    /// [`download`](Self::download)s checkpoint `id` and loads it.
     pub(crate) fn fetch(&self, r: &Remote, id: u64) -> Result<LoadedCheckpoint, CheckpointError> {
+        let dir = self.download(r, id)?;
+        let mut loaded = load(&dir)?;
+        loaded.url = Some(self.remote_path(r, id).display().to_string());
+        Ok(loaded)
+    }
+
+    /// Downloads what checkpoint `id` needs into the local directory (what is already there
+    /// at the declared size is kept) and writes its manifest last; its directory.
+    fn download(&self, r: &Remote, id: u64) -> Result<PathBuf, CheckpointError> {
         let dir = self.chk_dir(CheckpointId(id));
         let manifest = self
             .remote_manifest(r, id)?
@@ -156,19 +164,18 @@ impl CheckpointStore {
         }
         let path = dir.join(MANIFEST);
         write_atomic(&path, &manifest.encode()).map_err(|source| CheckpointError::Io { path, source })?;
-        let mut loaded = load(&dir)?;
-        loaded.url = Some(self.remote_path(r, id).display().to_string());
-        Ok(loaded)
+        Ok(dir)
     }
 
     /// The local directory of complete checkpoint `id` with every file its manifest names,
     /// for a savepoint to be copied out of: with an object store, what is not here (on a
-    /// cluster, what the workers uploaded) is downloaded first.
+    /// cluster, what the workers uploaded) is downloaded first. Nothing is decoded (the
+    /// export copies files).
     pub fn local_copy(&self, id: CheckpointId) -> Result<PathBuf, CheckpointError> {
-        if let Some(r) = &self.remote {
-            self.fetch(r, id.0)?;
+        match &self.remote {
+            Some(r) => self.download(r, id.0),
+            None => Ok(self.chk_dir(id)),
         }
-        Ok(self.chk_dir(id))
     }
 
     /// [`CheckpointStore::verify_files`] for one subtask's file that is only in the object

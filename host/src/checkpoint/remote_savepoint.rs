@@ -66,8 +66,15 @@ fn upload_dir(remote: &Remote, dir: &Path, prefix: &str) -> std::io::Result<()> 
 pub fn fetch(url: &str, local: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
     let remote = Remote::open(url)?;
     let at = PathBuf::from(url);
-    let bytes =
-        remote.read(MANIFEST, MAX_MANIFEST_BYTES)?.ok_or_else(|| CheckpointError::Incomplete { path: at.clone() })?;
+    let bytes = remote.read(MANIFEST, MAX_MANIFEST_BYTES)?.ok_or_else(|| {
+        CheckpointError::from(RemoteError::Url {
+            url: url.to_string(),
+            why: format!(
+                "it holds no savepoint (no {MANIFEST} there); name a savepoint's directory, or a checkpoint as \
+                     s3://bucket/prefix/<job>/chk-<id>"
+            ),
+        })
+    })?;
     let manifest = Manifest::decode(&bytes).map_err(|source| CheckpointError::Manifest { path: at.clone(), source })?;
     check_names(&manifest, &at)?;
     let refuse = |why: &str| CheckpointError::Manifest {

@@ -226,8 +226,8 @@ impl Cluster {
         self.conns.insert(id, WorkerConn { name, data_addr, tx, shipped: HashSet::new() });
     }
 
-    /// Waits until the workers offer `needed` slots.
-    fn wait_for_slots(&mut self, job: &str, needed: u32) -> Result<(), RunError> {
+    /// Waits until the workers offer `needed` slots (or the job's user cancels it).
+    fn wait_for_slots(&mut self, job: &str, needed: u32, cancel: Option<&AtomicBool>) -> Result<(), RunError> {
         let deadline = Instant::now() + self.cfg.slot_wait;
         let mut said = false;
         let workers = if self.next_attempt == attempt_base(self.cfg.epoch) { self.cfg.min_workers } else { 0 };
@@ -235,6 +235,9 @@ impl Cluster {
             let have = self.roster.slots();
             if have >= needed && self.roster.len() >= workers {
                 return Ok(());
+            }
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(RunError::Cancelled { job: job.into() });
             }
             if Instant::now() > deadline {
                 return Err(RunError::Setup {
@@ -269,7 +272,8 @@ impl Cluster {
         }
         let plan = PhysicalPlan::of(g);
         let needed = plan.subtasks.iter().map(|s| s.subtask + 1).max().unwrap_or(0);
-        self.wait_for_slots(&g.name, needed)?;
+        let cancel = a.opts.endpoint.as_ref().map(|e| e.cancel.clone());
+        self.wait_for_slots(&g.name, needed, cancel.as_deref())?;
         let ids = self.roster.ids();
         let slots: Vec<u32> = ids.iter().map(|&id| self.roster.slots_of(id)).collect();
         let placement = Placement::spread(&plan, &slots)
@@ -397,9 +401,16 @@ impl Cluster {
         run: &Running<'_>,
         first_task: &dyn Fn(u64) -> TaskId,
     ) -> Result<Option<AttemptEnd>, RunError> {
+        let cancel = a.opts.endpoint.as_ref().map(|e| e.cancel.clone());
         while !round.is_started() {
             let note = self.poll(Duration::from_millis(100));
             let now = self.now();
+            if cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
+                // Built parts are dropped before anything of them runs.
+                let actions = round.on_cancel_requested(now);
+                self.act(round, actions);
+                return Err(RunError::Cancelled { job: a.job.graph.name.clone() });
+            }
             let mut actions = match note {
                 Some(Note::Message(id, ToCoordinator::Ready(n))) => round.on_ready(id, n),
                 Some(Note::Message(id, ToCoordinator::DeployFailed { attempt: n, failure })) => {
@@ -441,6 +452,7 @@ impl Cluster {
         let g = &a.job.graph;
         let stop = Arc::new(AtomicBool::new(false));
         let (events_tx, events_rx) = unbounded::<Event>();
+        let mut forwarder = None;
         let driver = match a.store {
             Some(store) => {
                 let mut routes = Vec::new();
@@ -458,15 +470,26 @@ impl Cluster {
                     queries: self.queries.clone(),
                     shipped: HashSet::new(),
                     arming: None,
+                    held: Vec::new(),
                     armed,
                     stop: stop.clone(),
                 };
-                std::thread::spawn(move || forward.run(ordered));
+                forwarder = Some(std::thread::spawn(move || forward.run(ordered)));
                 let controls = Controls::Ordered(controls);
                 let dcfg = local::driver_config(a, store, local::task_templates(run.plan));
                 Some(local::start_driver(a, store, dcfg, controls, events_rx, &stop)?)
             }
             None => None,
+        };
+        // Without checkpoints nothing answers the job's requests: they are refused saying why.
+        let ended = Arc::new(AtomicBool::new(false));
+        let refuser = match (&a.opts.endpoint, a.store) {
+            (Some(e), None) => {
+                let (e, ended, job) = (e.clone(), ended.clone(), g.name.clone());
+                let unused = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+                Some(std::thread::spawn(move || local::watch(e, unused.0, unused.1, ended, false, job)))
+            }
+            _ => None,
         };
         let metrics: Vec<Arc<NodeMetrics>> =
             g.nodes.iter().map(|n| Arc::new(NodeMetrics::new(n.parallelism))).collect();
@@ -479,8 +502,17 @@ impl Cluster {
         stop.store(true, Ordering::Relaxed);
         drop(events_tx);
         let coordinator_end = driver.map(|d| d.join());
+        // The forwarder ends with the driver's sender; no query is asked after this.
+        if let Some(f) = forwarder {
+            let _ = f.join();
+        }
+        ended.store(true, Ordering::Relaxed);
+        if let Some(r) = refuser {
+            let _ = r.join();
+        }
         self.queries.lock().unwrap_or_else(|p| p.into_inner()).fail_all("the job's attempt ended before answering");
-        if failures.is_empty() && user_cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+        let finished = matches!(coordinator_end, Some(Ok(crate::runtime::driver::DriverEnd::Finished(_))));
+        if failures.is_empty() && !finished && user_cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             // Cancelled by its user: the parts stopped as told, and the job ends cancelled.
             failures.push(TaskFailure::Cancelled { task: first_task(run.members[0]) });
         }
@@ -647,11 +679,13 @@ struct Route {
 }
 
 /// Carries the checkpoint coordinator's messages to the workers of their subtasks, in the
-/// order it sent them, until it drops its sender: a live upgrade's component goes ahead of
-/// its `PrepareUpgrade` (once per worker), and that checkpoint's trigger is held until every
-/// subtask of the operator has the upgrade in its queue (`UpgradeArmed`), since its barrier
-/// travels another path (through the sources and the data plane) and must not overtake it; a
-/// state query's reply waits in the table of queries in flight.
+/// order it sent them per subtask, until it drops its sender (or the attempt is over). A live
+/// upgrade's component goes ahead of its `PrepareUpgrade` (once per worker); that checkpoint's
+/// trigger, and whatever follows it to the same subtask, is held until every subtask of the
+/// operator has the upgrade in its queue (`UpgradeArmed`), since the barrier travels another
+/// path (through the sources and the data plane) and must not overtake it; every other
+/// subtask's messages go on meanwhile. A state query's reply waits in the table of queries in
+/// flight.
 struct Forward {
     attempt: AttemptNo,
     routes: Vec<Route>,
@@ -660,6 +694,8 @@ struct Forward {
     shipped: HashSet<(u64, String)>,
     /// The upgrade's checkpoint and the subtasks not armed yet.
     arming: Option<(CheckpointId, BTreeSet<u64>)>,
+    /// Held behind the upgrade's trigger, in order.
+    held: Vec<(usize, Control)>,
     /// `(member, attempt, task, checkpoint)` of each `UpgradeArmed`.
     armed: Receiver<(u64, AttemptNo, u64, CheckpointId)>,
     /// Set when the attempt is over.
@@ -668,29 +704,45 @@ struct Forward {
 
 impl Forward {
     fn run(mut self, controls: Receiver<(usize, Control)>) {
-        while let Ok((task, c)) = controls.recv() {
-            if let Control::Trigger(id) = &c
-                && self.arming.as_ref().is_some_and(|(a, _)| a == id)
-            {
-                self.await_armed();
+        while !self.stop.load(Ordering::Relaxed) {
+            crossbeam_channel::select! {
+                recv(controls) -> m => match m {
+                    Ok((task, c)) => self.take(task, c),
+                    Err(_) => return,
+                },
+                recv(self.armed) -> a => {
+                    if let Ok(a) = a {
+                        self.on_armed(a);
+                    }
+                }
+                default(Duration::from_millis(100)) => {}
             }
+        }
+    }
+
+    /// Forwards `c`, or holds it behind the upgrade's trigger.
+    fn take(&mut self, task: usize, c: Control) {
+        let behind_trigger = self.held.iter().any(|(t, _)| *t == task);
+        let is_held_trigger = matches!(&c, Control::Trigger(id) if self.arming.as_ref().is_some_and(|(a, _)| a == id));
+        if behind_trigger || is_held_trigger {
+            self.held.push((task, c));
+        } else {
             self.forward(task, c);
         }
     }
 
-    /// Waits until every subtask of the upgrade is armed, or the attempt is over.
-    fn await_armed(&mut self) {
-        let Some((id, mut waiting)) = self.arming.take() else { return };
-        while !waiting.is_empty() && !self.stop.load(Ordering::Relaxed) {
-            match self.armed.recv_timeout(Duration::from_millis(100)) {
-                Ok((member, attempt, task, armed)) => {
-                    let from_its_worker = self.routes.get(task as usize).is_some_and(|r| r.member == member);
-                    if attempt == self.attempt && armed == id && from_its_worker {
-                        waiting.remove(&task);
-                    }
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+    /// A worker's `UpgradeArmed`: once every subtask is armed, what was held goes out.
+    fn on_armed(&mut self, (member, attempt, task, id): (u64, AttemptNo, u64, CheckpointId)) {
+        let from_its_worker = self.routes.get(task as usize).is_some_and(|r| r.member == member);
+        let Some((arming, waiting)) = self.arming.as_mut() else { return };
+        if attempt != self.attempt || *arming != id || !from_its_worker {
+            return;
+        }
+        waiting.remove(&task);
+        if waiting.is_empty() {
+            self.arming = None;
+            for (task, c) in std::mem::take(&mut self.held) {
+                self.forward(task, c);
             }
         }
     }

@@ -229,19 +229,23 @@ impl Leadership {
     /// ends the process — the checkpoint is published already and must not be aborted.
     pub fn record_checkpoint(&self, path: &Path) {
         let value = path.to_string_lossy().as_bytes().to_vec();
+        self.record("checkpoint", value, &format!("checkpoint {}", path.display()));
+    }
+
+    /// Stores `value` under `name`, retried while the lease lasts; exits the process if the
+    /// write is refused or the lease may have lapsed (`what` names it in the log).
+    fn record(&self, name: &str, value: Vec<u8>, what: &str) {
         loop {
-            let (r, detail) = match self.put("checkpoint", value.clone()) {
+            let (r, detail) = match self.put(name, value.clone()) {
                 Ok(()) => (RecordResult::Stored, String::new()),
                 Err(e @ HaError::Deposed { .. }) => (RecordResult::Refused, e.to_string()),
                 Err(e) => (RecordResult::Failed(e.to_string()), e.to_string()),
             };
             match lease::after_record(r, now_ms(), self.valid_until.load(Ordering::Relaxed)) {
                 RecordStep::Done => return,
-                RecordStep::Stop(why) => {
-                    deposed(&self.cfg.cluster, &format!("checkpoint {}: {why} ({detail})", path.display()))
-                }
+                RecordStep::Stop(why) => deposed(&self.cfg.cluster, &format!("{what}: {why} ({detail})")),
                 RecordStep::Retry => {
-                    tracing::warn!("recording checkpoint {} in etcd failed ({detail}); retrying", path.display());
+                    tracing::warn!("recording {what} in etcd failed ({detail}); retrying");
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
@@ -253,17 +257,11 @@ impl Leadership {
         Ok(self.get("finished")?.is_some())
     }
 
-    /// Records that the job has run to its end.
-    pub fn mark_finished(&self) -> Result<(), HaError> {
-        let r = self.put("finished", b"1".to_vec());
-        self.exit_if_deposed(&r);
-        r
-    }
-
-    fn exit_if_deposed(&self, r: &Result<(), HaError>) {
-        if let Err(e @ HaError::Deposed { .. }) = r {
-            deposed(&self.cfg.cluster, &e.to_string());
-        }
+    /// Records that the job is over (run to its end, stopped with a savepoint, or
+    /// cancelled), retried while the lease lasts: a leader that cannot record it exits, so
+    /// the next leader resumes the job rather than a user believing it is over.
+    pub fn mark_finished(&self) {
+        self.record("finished", b"1".to_vec(), "the job's end");
     }
 }
 

@@ -330,11 +330,13 @@ impl Worker {
                     // channel, which answers its caller.
                     if let Some(Current::Running { controls, .. }) = &self.current
                         && let Some(Some(c)) = controls.get(task as usize)
-                        && c.send(control).is_ok()
-                        && let Some(id) = upgrade
                     {
-                        // Queued before the checkpoint's barrier can arrive: the coordinator
-                        // holds its trigger until then.
+                        let _ = c.send(control);
+                    }
+                    if let Some(id) = upgrade {
+                        // Queued before the checkpoint's barrier can arrive (the coordinator
+                        // holds its trigger until then); a subtask that has exited is no
+                        // reason to hold it longer: its ack without a report rolls back.
                         let _ = tx.send(&ToCoordinator::UpgradeArmed { attempt, task, id });
                     }
                 }

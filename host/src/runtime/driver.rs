@@ -64,12 +64,20 @@ pub struct TaskTemplate {
     pub key_groups: (u32, u32),
 }
 
-/// Called once a checkpoint's manifest is published and before any subtask hears that it is
-/// complete (so before sinks commit and retention removes older checkpoints), with the
-/// checkpoint's durable path. An error leaves the checkpoint incomplete: a cluster's leader
-/// records its newest checkpoint in etcd here, and a deposed one is stopped here.
+/// What a cluster's leader records in etcd as the job goes (see `cluster/ha.rs`).
 #[derive(Clone)]
-pub struct PublishGate(pub Arc<GateFn>);
+pub struct PublishGate {
+    /// Called once a checkpoint's manifest is published and before any subtask hears that
+    /// it is complete (so before sinks commit and retention removes older checkpoints), with
+    /// the checkpoint's durable path. An error leaves the checkpoint incomplete: the leader
+    /// records its newest checkpoint here, and a deposed one is stopped here.
+    pub publish: Arc<GateFn>,
+    /// Called once a stop's savepoint is written and committed, before the subtasks are told
+    /// to stop and the stop is confirmed: the leader records that the job is over, so no
+    /// later leader resumes it (a leader that cannot record it exits instead, and the stop
+    /// is not confirmed).
+    pub stopped: Arc<dyn Fn() + Send + Sync>,
+}
 
 /// What a [`PublishGate`] calls: the checkpoint and its durable path.
 pub type GateFn = dyn Fn(CheckpointId, &std::path::Path) -> Result<(), String> + Send + Sync;
@@ -473,7 +481,7 @@ pub fn run(
                             store.publish(&manifest).map_err(|e| format!("publishing the manifest failed: {e}"))
                         })
                         .and_then(|bytes| match &cfg.gate {
-                            Some(g) => (g.0)(id, &store.durable_path(id))
+                            Some(g) => (g.publish)(id, &store.durable_path(id))
                                 .map(|()| bytes)
                                 .map_err(|e| format!("recording it as the newest checkpoint failed: {e}")),
                             None => Ok(bytes),
@@ -569,6 +577,9 @@ pub fn run(
                     }
                     broadcast(Control::Complete(id));
                     if let Some((info, reply)) = stopping {
+                        if let Some(g) = &cfg.gate {
+                            (g.stopped)();
+                        }
                         broadcast(Control::Stop);
                         return DriverEnd::StoppedWithSavepoint { info, reply };
                     }

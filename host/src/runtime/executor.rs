@@ -466,7 +466,14 @@ fn run_attempts(
                     g.name,
                     delay.as_millis()
                 );
-                std::thread::sleep(delay);
+                // A cancel during the delay ends the job now, before another attempt runs.
+                let until = Instant::now() + delay;
+                while Instant::now() < until {
+                    if user_cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
+                        return Err(RunError::Cancelled { job: g.name.clone() });
+                    }
+                    std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));
+                }
             }
         }
     }

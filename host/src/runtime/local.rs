@@ -567,7 +567,7 @@ pub(crate) fn attempt_end(
 
 /// Per attempt: turns a user's cancel into the attempt's cancel, and answers requests that
 /// need checkpointing when the job has none.
-fn watch(
+pub(crate) fn watch(
     e: Endpoint,
     cancel: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
