@@ -36,6 +36,7 @@ use crate::runtime::latency::{LatencyHistogram, WireLatency};
 use crate::runtime::local::{self, Attempt};
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::net::tls::ClusterTls;
+use crate::runtime::termination::{LoopCounts, WaveStep, Waves};
 
 /// How the coordinator runs.
 #[derive(Debug, Clone)]
@@ -286,17 +287,6 @@ impl Cluster {
         let attempt = self.next_attempt;
         self.next_attempt += 1;
         let members: Vec<u64> = used.iter().map(|&w| ids[w]).collect();
-        if g.is_cyclic() && members.len() > 1 {
-            // A loop ends by counting its sources' ends and the records in it, in one process.
-            return Err(RunError::Setup {
-                job: g.name.clone(),
-                message: format!(
-                    "its loops cannot span workers yet ({} needed); run it on one worker with {needed} slot(s), or \
-                     with `weir run`",
-                    members.len()
-                ),
-            });
-        }
         let components = self.ship_components(a, &members);
         for (i, &id) in members.iter().enumerate() {
             let d = Deploy {
@@ -533,10 +523,21 @@ impl Cluster {
         first_task: &dyn Fn(u64) -> TaskId,
         user_cancel: Option<&AtomicBool>,
     ) -> Vec<TaskFailure> {
+        let mut loops = g.is_cyclic().then(|| LoopWatch::new(round.members().to_vec()));
         loop {
-            let note = self.poll(Duration::from_millis(100));
+            let wait = loops.as_ref().map_or(100, |l| l.due_in(self.now()).clamp(1, 100));
+            let note = self.poll(Duration::from_millis(wait));
             let now = self.now();
             let mut actions = match note {
+                Some(Note::Message(id, ToCoordinator::LoopCounts { attempt, wave, counts })) => {
+                    if round.counts_event(id, attempt)
+                        && let Some(l) = loops.as_mut()
+                        && l.on_counts(id, wave, counts, now)
+                    {
+                        self.tell(round, ToWorker::LoopQuiescent(attempt));
+                    }
+                    Vec::new()
+                }
                 Some(Note::Message(id, ToCoordinator::Event { attempt, event })) if round.counts_event(id, attempt) => {
                     // Only events of subtasks this worker runs reach the checkpoint coordinator.
                     if run.runs(id, event_task(&event)) {
@@ -564,6 +565,9 @@ impl Cluster {
                 Some(Note::Lost(id)) => round.on_lost(id, now),
                 _ => Vec::new(),
             };
+            if let Some(wave) = loops.as_mut().and_then(|l| l.probe(now)).filter(|_| !round.is_over()) {
+                self.tell(round, ToWorker::LoopProbe { attempt: round.attempt(), wave });
+            }
             // A member that does not end its part within the heartbeat timeout of being
             // cancelled (stuck behind a peer that stopped reading) is dropped like a lost one.
             actions.extend(round.on_tick(now));
@@ -576,6 +580,53 @@ impl Cluster {
             if let Some(outcome) = self.act(round, actions) {
                 let Outcome::Ended(faults) = outcome else { unreachable!("a started round has no setup outcome") };
                 return faults.into_iter().map(|f| run.failure(f, first_task)).collect();
+            }
+        }
+    }
+}
+
+/// A job with loops: probes the members' record counts in waves until the job is quiescent
+/// (`runtime/termination.rs` decides), every 200 ms while a source runs, then as fast as
+/// the answers come.
+struct LoopWatch {
+    waves: Waves,
+    /// When the next probe is due, unless one is out.
+    next_at: u64,
+    out: bool,
+    done: bool,
+}
+
+impl LoopWatch {
+    fn new(members: Vec<u64>) -> Self {
+        LoopWatch { waves: Waves::new(members), next_at: 0, out: false, done: false }
+    }
+
+    /// Milliseconds until a probe is due (long when one is out or all is decided).
+    fn due_in(&self, now: u64) -> u64 {
+        if self.out || self.done { 100 } else { self.next_at.saturating_sub(now) }
+    }
+
+    /// The wave to probe now, if one is due.
+    fn probe(&mut self, now: u64) -> Option<u64> {
+        if self.out || self.done || now < self.next_at {
+            return None;
+        }
+        self.out = true;
+        Some(self.waves.probe())
+    }
+
+    /// A member's counts; `true` once the job is found quiescent.
+    fn on_counts(&mut self, member: u64, wave: u64, counts: LoopCounts, now: u64) -> bool {
+        match self.waves.on_report(member, wave, counts) {
+            WaveStep::Pending => false,
+            WaveStep::Closed { sources_running } => {
+                self.out = false;
+                self.next_at = now + if sources_running == 0 { 2 } else { 200 };
+                false
+            }
+            WaveStep::Quiescent => {
+                self.done = true;
+                true
             }
         }
     }

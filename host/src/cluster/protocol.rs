@@ -18,6 +18,7 @@ use crate::runtime::control::{Control, Event};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::latency::WireLatency;
 use crate::runtime::metrics::Counters;
+use crate::runtime::termination::LoopCounts;
 
 /// Bumped when a message changes; a worker of another version is refused at registration.
 pub const PROTOCOL_VERSION: u32 = 4;
@@ -94,6 +95,15 @@ pub enum ToCoordinator {
         /// The answer.
         answer: Result<String, String>,
     },
+    /// The answer to [`ToWorker::LoopProbe`].
+    LoopCounts {
+        /// The attempt.
+        attempt: AttemptNo,
+        /// The wave.
+        wave: u64,
+        /// The part's counts.
+        counts: LoopCounts,
+    },
     /// [`WireControl::PrepareUpgrade`] for checkpoint `id` is in subtask `task`'s queue, its
     /// component compiled: the checkpoint's barrier may now reach the subtask.
     UpgradeArmed {
@@ -144,6 +154,16 @@ pub enum ToWorker {
     },
     /// Stop every subtask of the attempt now.
     Cancel(AttemptNo),
+    /// A job with loops: report your part's record counts for this wave
+    /// ([`ToCoordinator::LoopCounts`]; `runtime/termination.rs`).
+    LoopProbe {
+        /// The attempt.
+        attempt: AttemptNo,
+        /// The wave.
+        wave: u64,
+    },
+    /// A job with loops is quiescent: loop heads end their loops.
+    LoopQuiescent(AttemptNo),
 }
 
 /// One worker's part of an attempt.

@@ -37,12 +37,13 @@ use crate::runtime::control::Control;
 use crate::runtime::driver::Completed;
 use crate::runtime::error::TaskFailure;
 use crate::runtime::executor::{Live, RunOptions, resolve_components};
-use crate::runtime::local::{self, Attempt, Part, Threads};
+use crate::runtime::local::{self, Attempt, Outgoing, Part, Threads};
 use crate::runtime::message::Message;
 use crate::runtime::net::link::{ChannelKey, Inbound, Outbound};
 use crate::runtime::net::tls::ClusterTls;
 use crate::runtime::query::StateQuery;
 use crate::runtime::subtask::StartError;
+use crate::runtime::termination::LoopTermination;
 use crate::sandbox::instance::{LoadedComponent, sha256_hex};
 
 /// How long a subtask may take to answer a state query (the API's own timeout).
@@ -127,7 +128,7 @@ struct Prepared {
     owned: Arc<Owned>,
     part: Part,
     plan: PhysicalPlan,
-    outgoing: Vec<(usize, Receiver<Message>)>,
+    outgoing: Vec<Outgoing>,
     worker_of: Vec<u32>,
     peers: Vec<SocketAddr>,
     /// This worker's index in `peers`.
@@ -139,6 +140,7 @@ enum Current {
     Prepared(AttemptNo, Box<Prepared>),
     Running {
         controls: Vec<Option<Sender<Control>>>,
+        termination: Option<Arc<LoopTermination>>,
         cancel: Arc<AtomicBool>,
         stop: Arc<AtomicBool>,
         runner: JoinHandle<()>,
@@ -340,6 +342,20 @@ impl Worker {
                         let _ = tx.send(&ToCoordinator::UpgradeArmed { attempt, task, id });
                     }
                 }
+                ToWorker::LoopProbe { attempt, wave } => {
+                    if self.follower.obeys(attempt)
+                        && let Some(Current::Running { termination: Some(t), .. }) = &self.current
+                    {
+                        let _ = tx.send(&ToCoordinator::LoopCounts { attempt, wave, counts: t.counts() });
+                    }
+                }
+                ToWorker::LoopQuiescent(attempt) => {
+                    if self.follower.obeys(attempt)
+                        && let Some(Current::Running { termination: Some(t), .. }) = &self.current
+                    {
+                        t.declare_quiescent();
+                    }
+                }
                 ToWorker::Cancel(attempt) => {
                     if self.follower.on_cancel(attempt) {
                         self.end_current();
@@ -529,8 +545,8 @@ impl Worker {
         }
         let mine: Vec<bool> = d.worker_of.iter().map(|&w| w == d.you).collect();
         let wiring = local::wire(g, &plan, &mine);
-        for (ci, tx, space) in wiring.incoming {
-            self.inbound.expect(ChannelKey { attempt: d.attempt, channel: ci as u64 }, tx, space);
+        for i in wiring.incoming {
+            self.inbound.expect(ChannelKey { attempt: d.attempt, channel: i.channel as u64 }, i.tx, i.space, i.budget);
         }
         let part = match local::build_part(&a, &plan, &mine, wiring.inputs, wiring.outputs) {
             Ok(p) => p,
@@ -557,7 +573,7 @@ impl Worker {
         }
         let Some(Current::Prepared(_, p)) = self.current.take() else { return };
         let p = *p;
-        let Part { tasks, controls, events_tx, events_rx, writer_rx, metrics, cancel, .. } = p.part;
+        let Part { tasks, controls, events_tx, events_rx, writer_rx, metrics, cancel, termination, .. } = p.part;
         let stop = Arc::new(AtomicBool::new(false));
         let (owned, secret, name) = (p.owned.clone(), self.cfg.secret.clone(), self.cfg.name.clone());
         let tls = self.cfg.tls.clone();
@@ -633,7 +649,7 @@ impl Worker {
             let failures = failures.iter().map(WireFailure::of).collect();
             let _ = tx.send(&ToCoordinator::PartEnded { attempt, failures, latency });
         });
-        self.current = Some(Current::Running { controls, cancel, stop, runner });
+        self.current = Some(Current::Running { controls, termination, cancel, stop, runner });
     }
 }
 
@@ -679,7 +695,7 @@ impl Progress {
 fn open_outgoing(
     g: &crate::graph::logical::JobGraph,
     plan: &PhysicalPlan,
-    outgoing: Vec<(usize, Receiver<Message>)>,
+    outgoing: Vec<Outgoing>,
     worker_of: &[u32],
     peers: &[SocketAddr],
     attempt: AttemptNo,
@@ -688,7 +704,7 @@ fn open_outgoing(
 ) -> Result<Vec<JoinHandle<()>>, String> {
     let mut links: HashMap<u32, Outbound> = HashMap::new();
     let mut threads = Vec::new();
-    for (ci, rx) in outgoing {
+    for Outgoing { channel: ci, rx, budget } in outgoing {
         let c = plan.channels[ci];
         let peer = worker_of[plan.index_of(g.edges[c.edge].to, c.to)];
         let addr = *peers.get(peer as usize).ok_or_else(|| format!("no address for worker {peer}"))?;
@@ -701,6 +717,10 @@ fn open_outgoing(
         let cancel = cancel.clone();
         threads.push(std::thread::spawn(move || {
             for m in rx {
+                // Off this worker's back-edge backlog: the receiving worker counts it now.
+                if let (Some(b), Message::Data(batch)) = (&budget, &m) {
+                    b.sub(batch.as_bytes().len() as u64);
+                }
                 if sender.send_unless(m, &cancel).is_err() {
                     break;
                 }

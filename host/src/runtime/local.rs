@@ -81,7 +81,7 @@ pub(crate) fn run_attempt(a: &Attempt<'_>) -> Result<AttemptEnd, RunError> {
         Ok(p) => p,
         Err(e) => return started_or_failed(e),
     };
-    let Part { tasks, controls, templates, events_tx, events_rx, writer_rx, metrics, cancel } = part;
+    let Part { tasks, controls, templates, events_tx, events_rx, writer_rx, metrics, cancel, .. } = part;
     let stop = Arc::new(AtomicBool::new(false));
     let checkpointing = match a.store {
         Some(store) => {
@@ -160,6 +160,9 @@ pub(crate) struct Part {
     pub metrics: Vec<Arc<NodeMetrics>>,
     /// Set to cancel every subtask of the part.
     pub cancel: Arc<AtomicBool>,
+    /// Loop termination (jobs with loops): of the whole job in one process, or of this part
+    /// of it on a cluster, where the coordinator declares the job quiescent.
+    pub termination: Option<Arc<LoopTermination>>,
 }
 
 /// Makes the subtasks `mine` (per subtask of `plan`) runnable on the channels `wire` made.
@@ -176,9 +179,13 @@ pub(crate) fn build_part(
     let restored_state = |node: usize, subtask: u32| restored.as_ref().and_then(|p| p[node][subtask as usize].clone());
     let cx = Context { graph: g, opts: a.opts, attempt: a.attempt, restore: a.restore };
     let termination = g.is_cyclic().then(|| {
-        let sources =
-            g.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Source(_))).map(|n| n.parallelism as usize).sum();
-        Arc::new(LoopTermination::new(sources))
+        let is_source = |s: &crate::graph::physical::SubtaskPlan| matches!(g.nodes[s.node].kind, NodeKind::Source(_));
+        let sources = plan.subtasks.iter().zip(mine).filter(|(s, m)| **m && is_source(s)).count();
+        // Part of the job runs elsewhere: only the counts of all parts together decide.
+        Arc::new(match mine.iter().all(|m| *m) {
+            true => LoopTermination::new(sources),
+            false => LoopTermination::distributed(sources),
+        })
     });
     let cancel = Arc::new(AtomicBool::new(false));
     let (events_tx, events_rx) = unbounded::<Event>();
@@ -217,7 +224,7 @@ pub(crate) fn build_part(
         tasks.push((id, subtask::build(&cx, s, parts, component)?));
     }
     let templates = if a.store.is_some() { task_templates(plan) } else { Vec::new() };
-    Ok(Part { tasks, controls, templates, events_tx, events_rx, writer_rx, metrics, cancel })
+    Ok(Part { tasks, controls, templates, events_tx, events_rx, writer_rx, metrics, cancel, termination })
 }
 
 /// Every subtask of the plan as the checkpoint coordinator numbers them (global task index =
@@ -259,11 +266,33 @@ pub(crate) struct Wiring {
     pub inputs: Vec<Vec<InputChannel>>,
     /// Per subtask of the plan: its outputs per edge (empty if not `mine`).
     pub outputs: Vec<Vec<EdgeOutput>>,
-    /// Channels from a subtask here to one elsewhere: (channel index, the end to forward).
-    pub outgoing: Vec<(usize, Receiver<Message>)>,
-    /// Channels from a subtask elsewhere to one here: (channel index, where to deliver, told
-    /// each time the receiving subtask takes a message off).
-    pub incoming: Vec<(usize, Sender<Message>, Arc<tokio::sync::Notify>)>,
+    /// Channels from a subtask here to one elsewhere.
+    pub outgoing: Vec<Outgoing>,
+    /// Channels from a subtask elsewhere to one here.
+    pub incoming: Vec<Incoming>,
+}
+
+/// A channel from a subtask here to one on another worker.
+pub(crate) struct Outgoing {
+    /// Its index in the plan.
+    pub channel: usize,
+    /// The end the network forwards from.
+    pub rx: Receiver<Message>,
+    /// A back-edge: the in-flight budget its sender charged, given back as the network
+    /// takes each batch (the receiving worker charges its own).
+    pub budget: Option<Arc<FeedbackBudget>>,
+}
+
+/// A channel from a subtask on another worker to one here.
+pub(crate) struct Incoming {
+    /// Its index in the plan.
+    pub channel: usize,
+    /// Where the network delivers.
+    pub tx: Sender<Message>,
+    /// Told each time the receiving subtask takes a message off.
+    pub space: Arc<tokio::sync::Notify>,
+    /// A back-edge: this worker's in-flight budget, charged as batches arrive.
+    pub budget: Option<Arc<FeedbackBudget>>,
 }
 
 /// The plan's channels that touch the subtasks `mine`, handed out per subtask (same order as
@@ -287,16 +316,17 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
         // A back-edge never blocks its sender; its backlog is bounded by the loop's work
         // (and `max_feedback_mb`) and reported.
         let (tx, rx) = if c.back { unbounded() } else { bounded(g.channel_capacity) };
+        let charged = c.back.then(|| budget.clone());
         match (from_here, to_here) {
             (true, false) => {
-                outgoing.push((ci, rx));
+                outgoing.push(Outgoing { channel: ci, rx, budget: charged });
                 senders.push(Some(tx));
                 receivers.push(None);
             }
             (false, true) => {
                 let notify = Arc::new(tokio::sync::Notify::new());
                 space[ci] = Some(notify.clone());
-                incoming.push((ci, tx, notify));
+                incoming.push(Incoming { channel: ci, tx, space: notify, budget: charged });
                 senders.push(None);
                 receivers.push(Some(rx));
             }
@@ -616,7 +646,7 @@ mod tests {
         let mine: Vec<bool> = (0..plan.subtasks.len()).map(|i| i == sink).collect();
         let mut w = wire(&g, &plan, &mine);
         assert!(w.outgoing.is_empty());
-        let (_, tx, space) = w.incoming.pop().expect("the source's channel comes from elsewhere");
+        let Incoming { tx, space, .. } = w.incoming.pop().expect("the source's channel comes from elsewhere");
         let mut inputs = Inputs::new(std::mem::take(&mut w.inputs[sink]));
         tx.send(Message::Watermark(7)).unwrap();
         assert!(matches!(inputs.recv(None, &|_| false, None), Received::Message(0, Message::Watermark(7))));

@@ -30,6 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::runtime::net::tls::{self, ClusterTls, Stream};
 
 use crate::io_runtime::io_runtime;
+use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::message::Message;
 use crate::runtime::net::frame::{Decoder, encode};
 use crate::runtime::output::Disconnected;
@@ -54,7 +55,10 @@ pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
 
 /// Where an expected channel's messages go: the local channel, and the notification its
 /// receiving subtask gives each time it takes a message off.
-type Delivery = (Sender<Message>, Arc<tokio::sync::Notify>);
+/// Where a channel's messages go: its local queue, the notification its receiver gives when it
+/// takes one off, and (a back-edge) the receiving worker's in-flight budget its batches count
+/// against once here.
+type Delivery = (Sender<Message>, Arc<tokio::sync::Notify>, Option<Arc<FeedbackBudget>>);
 
 type Registry = Arc<Mutex<HashMap<ChannelKey, Delivery>>>;
 
@@ -101,9 +105,17 @@ impl Inbound {
     }
 
     /// Delivers channel `key`'s messages into `tx` once its sender connects; while `tx` is
-    /// full, waits for `space`, which its receiver notifies whenever it takes a message off.
-    pub fn expect(&self, key: ChannelKey, tx: Sender<Message>, space: Arc<tokio::sync::Notify>) {
-        self.expected.lock().unwrap().insert(key, (tx, space));
+    /// full, waits for `space`, which its receiver notifies whenever it takes a message off. A
+    /// back-edge's batches are charged to `budget` as they arrive (its receiver gives them
+    /// back as it takes them off).
+    pub fn expect(
+        &self,
+        key: ChannelKey,
+        tx: Sender<Message>,
+        space: Arc<tokio::sync::Notify>,
+        budget: Option<Arc<FeedbackBudget>>,
+    ) {
+        self.expected.lock().unwrap().insert(key, (tx, space, budget));
     }
 
     /// Forgets every channel of attempts before `attempt`: their senders are refused.
@@ -151,7 +163,7 @@ fn channel_of(req: &http::Request<h2::RecvStream>, secret: &str) -> Result<Chann
 }
 
 /// Decodes a stream into its local channel, releasing window as messages get in.
-async fn deliver_stream(mut body: h2::RecvStream, (tx, space): Delivery) {
+async fn deliver_stream(mut body: h2::RecvStream, (tx, space, budget): Delivery) {
     let mut decoder = Decoder::default();
     let mut messages = Vec::new();
     while let Some(Ok(chunk)) = body.data().await {
@@ -159,6 +171,9 @@ async fn deliver_stream(mut body: h2::RecvStream, (tx, space): Delivery) {
             return;
         }
         for m in messages.drain(..) {
+            if let (Some(b), Message::Data(batch)) = (&budget, &m) {
+                b.add(batch.as_bytes().len() as u64);
+            }
             if deliver(&tx, &space, m).await.is_err() {
                 return;
             }
@@ -365,7 +380,7 @@ mod tests {
     fn expect(inbound: &Inbound, key: ChannelKey, cap: usize) -> impl Fn() -> Message {
         let (tx, rx) = crossbeam_channel::bounded(cap);
         let space = Arc::new(tokio::sync::Notify::new());
-        inbound.expect(key, tx, space.clone());
+        inbound.expect(key, tx, space.clone(), None);
         move || {
             let m = rx.recv().unwrap();
             space.notify_one();
@@ -378,6 +393,36 @@ mod tests {
             Message::Data(b) => b.iter().next().unwrap().timestamp,
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A back-edge between workers: its batches count against the receiving worker's
+    /// in-flight budget from their arrival (an unbounded queue, so the sender never waits),
+    /// and its receiver gives them back.
+    #[test]
+    fn cluster_net_a_back_edge_from_another_worker_is_charged_to_this_workers_budget() {
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
+        let key = ChannelKey { attempt: 1, channel: 0 };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let budget = Arc::new(FeedbackBudget::new(1 << 30));
+        inbound.expect(key, tx, Arc::default(), Some(budget.clone()));
+        let out = Outbound::connect(inbound.addr(), "secret", None).unwrap();
+        let s = out.open(key, 2).unwrap();
+        let mut bytes = 0;
+        for i in 0..20 {
+            let m = batch(i);
+            if let Message::Data(b) = &m {
+                bytes += b.as_bytes().len() as u64;
+            }
+            s.send(m).unwrap();
+        }
+        s.send(Message::EndOfStream).unwrap();
+        // Taken off raw (no subtask input gives the bytes back): all of it is charged here.
+        let mut got = Vec::new();
+        while got.len() < 21 {
+            got.push(rx.recv_timeout(Duration::from_secs(30)).expect("a back-edge never waits for its reader"));
+        }
+        assert_eq!(budget.held(), bytes);
+        assert!(matches!(got.last(), Some(Message::EndOfStream)));
     }
 
     #[test]
@@ -437,14 +482,14 @@ mod tests {
         let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
         let (tx, rx) = crossbeam_channel::bounded(4);
         let old = ChannelKey { attempt: 1, channel: 5 };
-        inbound.expect(old, tx.clone(), Arc::default());
+        inbound.expect(old, tx.clone(), Arc::default(), None);
         let e = Outbound::connect(inbound.addr(), "guess", None).unwrap().open(old, 1).err().unwrap().to_string();
         assert!(e.contains("wrong cluster secret") && e.contains("channel 5"), "{e}");
         inbound.fence(2);
         let e = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(old, 1).err().unwrap().to_string();
         assert!(e.contains("attempt 1") && e.contains("fenced"), "{e}");
         let new = ChannelKey { attempt: 2, channel: 5 };
-        inbound.expect(new, tx, Arc::default());
+        inbound.expect(new, tx, Arc::default(), None);
         let s = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(new, 1).unwrap();
         s.send(Message::Watermark(9)).unwrap();
         assert!(matches!(rx.recv().unwrap(), Message::Watermark(9)), "the current attempt's channel delivers");
@@ -456,7 +501,7 @@ mod tests {
         let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
         let (tx, rx) = crossbeam_channel::bounded(4);
         let key = ChannelKey { attempt: 1, channel: 0 };
-        inbound.expect(key, tx, Arc::default());
+        inbound.expect(key, tx, Arc::default(), None);
         let s = Outbound::connect(inbound.addr(), "secret", None).unwrap().open(key, 1).unwrap();
         s.send(Message::Watermark(1)).unwrap();
         drop(s);
