@@ -859,6 +859,13 @@ fn loop_oracle_job(dir: &Path, name: &str, count: u64) -> std::path::PathBuf {
     p
 }
 
+/// The loop oracle's output for `count` records: each (key, sequence number) once.
+fn loop_golden(count: u64) -> Vec<String> {
+    let mut golden: Vec<String> = (0..count).map(|i| format!("{} {}", i % 32, i / 32)).collect();
+    golden.sort();
+    golden
+}
+
 /// A job whose loop spans two workers: its end is found by counting records across the
 /// workers in waves (`runtime/termination.rs`), its checkpoints log the back-edge records
 /// that cross the network, and a worker killed with SIGKILL after a complete checkpoint is
@@ -888,9 +895,37 @@ fn cluster_a_loop_across_workers_ends_and_stays_exactly_once_through_a_worker_ki
     assert!(last.contains("w1 (") && last.contains("w3 ("), "the restarted loop spans workers too: {last}");
     let v = committed_lines(&dir.path().join("violations"));
     assert!(v.is_empty(), "oracle violations: {:?}", &v[..v.len().min(5)]);
-    let mut golden: Vec<String> = (0..count).map(|i| format!("{} {}", i % 32, i / 32)).collect();
-    golden.sort();
+    let golden = loop_golden(count);
     let got = committed_lines(&dir.path().join("done"));
     assert_eq!(got.len(), golden.len(), "records out of the loop");
     assert!(got == golden, "committed output differs from every record exactly once");
+}
+
+/// A loop across workers without checkpoints, where one worker runs only a source subtask:
+/// its part ends long before the loop does, and its counts must still close every wave (else
+/// the job never ends).
+#[test]
+fn cluster_a_loop_ends_when_a_workers_part_ended_first() {
+    let dir = scratch();
+    let name = "cluster-loop-ended-part";
+    let count = 6_000;
+    let job = loop_oracle_job(dir.path(), name, count);
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("[checkpoint]\ninterval_ms = 50\ndir = \"chk\"\nretained = 2\n", "")
+        .replace("parallelism = 2\nconfig", "parallelism = 1\nconfig")
+        .replace("path = \"done\"\nparallelism = 2", "path = \"done\"\nparallelism = 1");
+    assert!(!text.contains("[checkpoint]") && text.matches("\nparallelism = 1\n").count() == 2, "{text}");
+    std::fs::write(&job, text).unwrap();
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    for w in ["w1", "w2"] {
+        procs.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    let log = finish(&mut c);
+    let first = log.lines().find(|l| l.contains("attempt 1:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(first.contains("w1 (") && first.contains("w2 ("), "{first}");
+    let golden = loop_golden(count);
+    assert!(committed_lines(&dir.path().join("done")) == golden, "every record out of the loop exactly once");
 }

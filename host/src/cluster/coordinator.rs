@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::cluster::pipe::{self, Incoming, PipeTx};
-use crate::cluster::protocol::{AttemptNo, Deploy, ToCoordinator, ToWorker, WireControl, WireFailure, attempt_base};
+use crate::cluster::protocol::{
+    AttemptNo, Deploy, NodeProgress, ToCoordinator, ToWorker, WireControl, WireFailure, attempt_base,
+};
 use crate::cluster::queries::PendingQueries;
 use crate::cluster::roster::Roster;
 use crate::cluster::round::{Action, Fault, Outcome, Round};
@@ -524,13 +526,16 @@ impl Cluster {
         user_cancel: Option<&AtomicBool>,
     ) -> Vec<TaskFailure> {
         let mut loops = g.is_cyclic().then(|| LoopWatch::new(round.members().to_vec()));
+        let mut abandoned = NodeTotals::default();
         loop {
             let wait = loops.as_ref().map_or(100, |l| l.due_in(self.now()).clamp(1, 100));
             let note = self.poll(Duration::from_millis(wait));
             let now = self.now();
             let mut actions = match note {
                 Some(Note::Message(id, ToCoordinator::LoopCounts { attempt, wave, counts })) => {
-                    if round.counts_event(id, attempt)
+                    // Also from a member whose part has ended (it keeps answering for it).
+                    let current = round.is_started() && attempt == round.attempt() && round.members().contains(&id);
+                    if current
                         && let Some(l) = loops.as_mut()
                         && l.on_counts(id, wave, counts, now)
                     {
@@ -550,9 +555,10 @@ impl Cluster {
                     }
                     Vec::new()
                 }
-                Some(Note::Message(id, ToCoordinator::Progress { attempt, subtasks })) => {
+                Some(Note::Message(id, ToCoordinator::Progress { attempt, subtasks, nodes })) => {
                     if round.counts_event(id, attempt) {
                         set_progress(run, metrics, id, subtasks);
+                        abandoned.set_nodes(metrics, id, nodes);
                     }
                     Vec::new()
                 }
@@ -586,8 +592,7 @@ impl Cluster {
 }
 
 /// A job with loops: probes the members' record counts in waves until the job is quiescent
-/// (`runtime/termination.rs` decides), every 200 ms while a source runs, then as fast as
-/// the answers come.
+/// (`runtime/termination.rs` decides), every 200 ms while a source runs, then every 20 ms.
 struct LoopWatch {
     waves: Waves,
     /// When the next probe is due, unless one is out.
@@ -621,7 +626,7 @@ impl LoopWatch {
             WaveStep::Pending => false,
             WaveStep::Closed { sources_running } => {
                 self.out = false;
-                self.next_at = now + if sources_running == 0 { 2 } else { 200 };
+                self.next_at = now + if sources_running == 0 { 20 } else { 200 };
                 false
             }
             WaveStep::Quiescent => {
@@ -678,6 +683,27 @@ fn set_progress(
         };
         if let Some(m) = metrics.get(s.node) {
             m.subtask(s.subtask).set(counters, watermark);
+        }
+    }
+}
+
+/// What workers report per node: peaks are the largest any reported, counts their sum.
+#[derive(Default)]
+struct NodeTotals {
+    /// Snapshots abandoned, per (worker, node), as last reported.
+    abandoned: BTreeMap<(u64, usize), u64>,
+}
+
+impl NodeTotals {
+    fn set_nodes(&mut self, metrics: &[Arc<NodeMetrics>], member: u64, nodes: Vec<NodeProgress>) {
+        for p in nodes {
+            let node = p.node as usize;
+            let Some(m) = metrics.get(node) else { continue };
+            m.feedback_peak_batches.fetch_max(p.feedback_peak_batches, Ordering::Relaxed);
+            m.snapshot_chunks_max.fetch_max(p.snapshot_chunks_max, Ordering::Relaxed);
+            self.abandoned.insert((member, node), p.snapshots_abandoned);
+            let sum = self.abandoned.iter().filter(|((_, n), _)| *n == node).map(|(_, v)| v).sum();
+            m.snapshots_abandoned.store(sum, Ordering::Relaxed);
         }
     }
 }

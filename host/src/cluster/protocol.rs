@@ -21,7 +21,7 @@ use crate::runtime::metrics::Counters;
 use crate::runtime::termination::LoopCounts;
 
 /// Bumped when a message changes; a worker of another version is refused at registration.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The largest message (a component is shipped in one).
 pub const MAX_MESSAGE: usize = 256 << 20;
@@ -75,6 +75,8 @@ pub enum ToCoordinator {
         attempt: AttemptNo,
         /// Per subtask it runs: global task index, counters, watermark.
         subtasks: Vec<(u64, Counters, Option<i64>)>,
+        /// Per node it runs subtasks of: what only the node as a whole reports.
+        nodes: Vec<NodeProgress>,
     },
     /// Every subtask of its part of the attempt has exited.
     PartEnded {
@@ -164,6 +166,19 @@ pub enum ToWorker {
     },
     /// A job with loops is quiescent: loop heads end their loops.
     LoopQuiescent(AttemptNo),
+}
+
+/// What a worker's subtasks of one node report together (see `runtime/metrics.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeProgress {
+    /// Node index in the job graph.
+    pub node: u32,
+    /// Most batches seen queued on one back-edge.
+    pub feedback_peak_batches: u64,
+    /// Snapshots abandoned half-drained.
+    pub snapshots_abandoned: u64,
+    /// Most `snapshot` calls one subtask's snapshot took.
+    pub snapshot_chunks_max: u64,
 }
 
 /// One worker's part of an attempt.
@@ -415,6 +430,12 @@ mod tests {
             ToCoordinator::Progress {
                 attempt: 3,
                 subtasks: vec![(1, Counters { records_in: 5, busy_ms: 2, ..Counters::default() }, Some(-4))],
+                nodes: vec![NodeProgress {
+                    node: 2,
+                    feedback_peak_batches: 7,
+                    snapshots_abandoned: 1,
+                    snapshot_chunks_max: 3,
+                }],
             },
             ToCoordinator::PartEnded { attempt: 3, failures: vec![], latency: BTreeMap::new() },
         ];

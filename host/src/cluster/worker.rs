@@ -27,7 +27,7 @@ use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
 use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
 use crate::cluster::protocol::{
-    AttemptNo, Deploy, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl, WireFailure,
+    AttemptNo, Deploy, NodeProgress, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl, WireFailure,
 };
 use crate::graph::physical::PhysicalPlan;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
@@ -670,7 +670,20 @@ impl Progress {
             .iter()
             .filter_map(|&(t, node, s)| self.metrics.get(node).map(|m| (t, m.subtask(s).read(), m.watermark_of(s))))
             .collect();
-        let _ = self.tx.send(&ToCoordinator::Progress { attempt: self.attempt, subtasks });
+        let mut nodes: Vec<usize> = self.mine.iter().map(|&(_, node, _)| node).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let nodes = nodes
+            .into_iter()
+            .filter_map(|n| self.metrics.get(n).map(|m| (n, m)))
+            .map(|(n, m)| NodeProgress {
+                node: n as u32,
+                feedback_peak_batches: m.feedback_peak_batches.load(Ordering::Relaxed),
+                snapshots_abandoned: m.snapshots_abandoned.load(Ordering::Relaxed),
+                snapshot_chunks_max: m.snapshot_chunks_max.load(Ordering::Relaxed),
+            })
+            .collect();
+        let _ = self.tx.send(&ToCoordinator::Progress { attempt: self.attempt, subtasks, nodes });
     }
 
     /// Every second until `ended`.

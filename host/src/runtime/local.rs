@@ -202,6 +202,12 @@ pub(crate) fn build_part(
             continue;
         }
         let id = TaskId { node: n.id.clone(), subtask: SubtaskIndex(s.subtask) };
+        let restored = restored_state(s.node, s.subtask);
+        if let (Some(t), Some(r)) = (&termination, &restored) {
+            // A loop head's logged back-edge records are in flight again until it replays
+            // them: no one may find the loop quiescent before.
+            t.account(r.backedge_log.iter().map(|l| l.records as u64).sum(), 0);
+        }
         let checkpoints = a.store.is_some().then(|| {
             let (tx, rx) = unbounded::<Control>();
             controls.push(Some(tx));
@@ -218,7 +224,7 @@ pub(crate) fn build_part(
             cancel: cancel.clone(),
             checkpoints,
             termination: termination.clone(),
-            restored: restored_state(s.node, s.subtask),
+            restored,
         };
         let component = a.live.lock().unwrap().get(&s.node).map(|(f, _)| f.clone());
         tasks.push((id, subtask::build(&cx, s, parts, component)?));

@@ -269,7 +269,10 @@ impl OperatorTask {
         if !out.is_empty() {
             self.counters.add_out(out.len() as u64, out.byte_len() as u64);
             self.output.emit_batch(&out).map_err(|d| self.disconnected(d))?;
-            if let Some((held, limit)) = self.output.feedback_over() {
+            // Either budget: the one this subtask's back-edges charge, or (a loop head fed over
+            // the network) the one its incoming back-edges charge on this worker.
+            let over = self.output.feedback_over().or_else(|| self.inputs.feedback_budget().and_then(|b| b.over()));
+            if let Some((held, limit)) = over {
                 return Err(TaskFailure::Limit {
                     task: self.id.clone(),
                     message: format!(
@@ -437,13 +440,14 @@ impl OperatorTask {
     fn restore_state(&mut self) -> Result<(), TaskFailure> {
         let Some(r) = self.restore.take() else { return Ok(()) };
         put_state(self.instance.as_mut(), r.schema_version, &r.state).map_err(|e| self.guest(e))?;
-        // A loop head re-processes the records that were in transit on its back-edges.
+        // A loop head re-processes the records that were in transit on its back-edges (counted
+        // in flight since the part was built: see `local::build_part`).
         for lb in &r.state.backedge_log {
             let batch = Batch::from_validated(lb.bytes.clone(), lb.records);
             let side = if lb.side == 1 { Side::Right } else { Side::Left };
             self.instance.process(side, &batch).map_err(|e| self.guest(e))?;
             self.route_emitted()?;
-            self.account(0);
+            self.account(lb.records as u64);
         }
         Ok(())
     }
