@@ -620,7 +620,8 @@ fn query_until(
 
 /// The control API on a cluster's coordinator, through the CLI, on a job whose subtasks run on
 /// two workers: live state queries answered by the worker that owns the key, a live upgrade of
-/// the oracle to v2 (which migrates its state) shipped to the workers, a savepoint, a stop with
+/// the oracle to v2 (which migrates its state) shipped to the workers and kept through a
+/// worker's SIGKILL and the restart, a savepoint, a stop with
 /// a savepoint, and a restore from it at another parallelism on three new workers. The oracle
 /// finds no violation and the committed output is every record exactly once.
 #[test]
@@ -646,6 +647,15 @@ fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_para
     // v2's state is `{seq, by_v2}`, and v2 counts what it has seen.
     let a = query_until(name, "5", &mut c, |a| a["value"]["by_v2"].as_u64().is_some_and(|n| n > 0));
     assert!(a["value"]["seq"].as_u64().is_some(), "{a}");
+    // The upgrade stays in force through a restart: w2 is killed (SIGKILL), w3 takes its
+    // slot, and the restarted attempt runs v2 again (shipped from the coordinator's live
+    // components), its state restored from a checkpoint.
+    let seen = a["value"]["by_v2"].as_u64().unwrap();
+    before.0[1].kill().unwrap();
+    before.0[1].wait().unwrap();
+    before.0.push(worker(&c, &secret, "w3", 1, dir.path()));
+    wait_for(&c.log, "w3 (");
+    query_until(name, "5", &mut c, |a| a["value"]["by_v2"].as_u64().is_some_and(|n| n > seen));
     let sp1 = dir.path().join("sp1");
     let out = cli(&["savepoint", name, "--dir", sp1.to_str().unwrap()]);
     assert!(out.contains("savepoint") && sp1.join("_metadata").is_file(), "{out}");
