@@ -495,8 +495,13 @@ impl Cluster {
         drop(events_tx);
         let coordinator_end = driver.map(|d| d.join());
         // The forwarder ends with the driver's sender; no query is asked after this.
-        if let Some(f) = forwarder {
-            let _ = f.join();
+        if let Some(Ok(shipped)) = forwarder.map(|f| f.join()) {
+            // An upgrade's component is not shipped again to a worker that has it.
+            for (member, digest) in shipped {
+                if let Some(w) = self.conns.get_mut(&member) {
+                    w.shipped.insert(digest);
+                }
+            }
         }
         ended.store(true, Ordering::Relaxed);
         if let Some(r) = refuser {
@@ -780,12 +785,14 @@ struct Forward {
 }
 
 impl Forward {
-    fn run(mut self, controls: Receiver<(usize, Control)>) {
+    /// Runs until the driver is done or the attempt is over; the components it shipped, per
+    /// worker.
+    fn run(mut self, controls: Receiver<(usize, Control)>) -> HashSet<(u64, String)> {
         while !self.stop.load(Ordering::Relaxed) {
             crossbeam_channel::select! {
                 recv(controls) -> m => match m {
                     Ok((task, c)) => self.take(task, c),
-                    Err(_) => return,
+                    Err(_) => break,
                 },
                 recv(self.armed) -> a => {
                     if let Ok(a) = a {
@@ -795,6 +802,7 @@ impl Forward {
                 default(Duration::from_millis(100)) => {}
             }
         }
+        self.shipped
     }
 
     /// Forwards `c`, or holds it behind the upgrade's trigger.
