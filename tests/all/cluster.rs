@@ -582,6 +582,19 @@ pub(crate) fn oracle_cluster_job(
     p
 }
 
+/// The endless oracle job `name` (v1, parallelism 2) on two one-slot workers; the
+/// coordinator, the workers and the cluster secret.
+fn endless_oracle_on_two_workers(dir: &Path, name: &str) -> (Coordinator, Procs, std::path::PathBuf) {
+    let job = oracle_cluster_job(dir, name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", CHK);
+    let secret = secret(dir);
+    let mut procs = Procs::default();
+    let c = coordinator(&job, &secret, 2);
+    for w in ["w1", "w2"] {
+        procs.0.push(worker(&c, &secret, w, 1, dir));
+    }
+    (c, procs, secret)
+}
+
 /// `weir ARGS` (the CLI, finding the job in the registry the coordinator wrote); its stdout.
 pub(crate) fn cli(args: &[&str]) -> String {
     let out = weir().args(args).output().unwrap();
@@ -628,13 +641,7 @@ fn query_until(
 fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_parallelism_exactly_once() {
     let dir = scratch();
     let name = "cluster-api";
-    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", CHK);
-    let secret = secret(dir.path());
-    let mut before = Procs::default();
-    let mut c = coordinator(&job, &secret, 2);
-    for w in ["w1", "w2"] {
-        before.0.push(worker(&c, &secret, w, 1, dir.path()));
-    }
+    let (mut c, mut before, secret) = endless_oracle_on_two_workers(dir.path(), name);
     // Key 5 has state once records reach its subtask: v1 keeps a bare number.
     let a = query_until(name, "5", &mut c, |a| a["found"] == true && a["value"].as_u64().is_some_and(|n| n > 0));
     assert_eq!(a["operator"], "oracle", "{a}");
@@ -686,13 +693,7 @@ fn cluster_api_queries_upgrades_savepoints_and_stop_then_restore_at_another_para
 fn cluster_api_cancel_stops_the_job_on_every_worker() {
     let dir = scratch();
     let name = "cluster-cancel";
-    let job = oracle_cluster_job(dir.path(), name, "test_oracle", 2, u64::MAX / 2, "rate = 3000", CHK);
-    let secret = secret(dir.path());
-    let mut procs = Procs::default();
-    let mut c = coordinator(&job, &secret, 2);
-    for w in ["w1", "w2"] {
-        procs.0.push(worker(&c, &secret, w, 1, dir.path()));
-    }
+    let (mut c, mut procs, _) = endless_oracle_on_two_workers(dir.path(), name);
     query_until(name, "7", &mut c, |a| a["found"] == true);
     // The workers' counters reach the coordinator's status while the job runs.
     let deadline = Instant::now() + Duration::from_secs(120);
