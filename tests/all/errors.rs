@@ -373,3 +373,22 @@ fn a_sink_rate_of_zero_or_on_a_sink_that_cannot_throttle_is_refused_naming_the_l
     let e = validate_fails(&stdout, |_| {});
     assert!(e.contains("`rate` is an option of `file` and `blackhole` sinks only"), "{e}");
 }
+
+#[test]
+fn unaligned_checkpoints_refuse_an_unknown_alignment_and_loops_naming_the_line() {
+    let with = |alignment: &str| {
+        good_job().replace(
+            "[[source]]",
+            &format!("[checkpoint]\ninterval_ms = 100\nalignment = \"{alignment}\"\n\n[[source]]"),
+        )
+    };
+    let e = validate_fails(&with("sideways"), |_| {});
+    assert!(e.contains("[checkpoint] alignment must be \"aligned\" or \"unaligned\", got \"sideways\""), "{e}");
+    assert!(e.contains("job.toml:"), "{e}");
+    let looped = with("unaligned").replace(
+        "inputs = [{ from = \"gen\", partition = \"hash\" }]",
+        "inputs = [{ from = \"gen\", partition = \"hash\" }, { from = \"count\", partition = \"hash\", feedback = true }]",
+    );
+    let e = validate_fails(&looped, |_| {});
+    assert!(e.contains("not supported for jobs with loops") && e.contains("`count` to `count`"), "{e}");
+}

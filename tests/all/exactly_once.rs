@@ -23,16 +23,19 @@ use weir::sandbox::engine::new_engine;
 use crate::support::{committed_lines, component, scratch, toml_path};
 
 /// A test topology.
-struct Topology {
-    name: &'static str,
+pub(crate) struct Topology {
+    pub(crate) name: &'static str,
     /// (id, parallelism, count, keys) of each generator source.
-    sources: Vec<(&'static str, u32, u64, u64)>,
-    oracle_p: u32,
-    sink_p: u32,
+    pub(crate) sources: Vec<(&'static str, u32, u64, u64)>,
+    pub(crate) oracle_p: u32,
+    pub(crate) sink_p: u32,
     /// `[checkpoint] incremental = true`.
-    incremental: bool,
+    pub(crate) incremental: bool,
     /// More `config` of the one-input oracle (`remove_every`, `pad`).
-    oracle_config: &'static str,
+    pub(crate) oracle_config: &'static str,
+    /// Unaligned checkpoints, with the output sink throttled to this many records per second
+    /// per subtask (below the sources' rate: the channels stay full).
+    pub(crate) unaligned: Option<u64>,
 }
 
 fn one() -> Topology {
@@ -43,10 +46,11 @@ fn one() -> Topology {
         sink_p: 1,
         incremental: false,
         oracle_config: "",
+        unaligned: None,
     }
 }
 
-fn parallel() -> Topology {
+pub(crate) fn parallel() -> Topology {
     Topology {
         name: "p3",
         sources: vec![("gen", 2, 30_000, 64)],
@@ -54,10 +58,11 @@ fn parallel() -> Topology {
         sink_p: 2,
         incremental: false,
         oracle_config: "",
+        unaligned: None,
     }
 }
 
-fn two_input() -> Topology {
+pub(crate) fn two_input() -> Topology {
     Topology {
         name: "join",
         sources: vec![("left", 2, 20_000, 32), ("right", 1, 12_000, 24)],
@@ -65,6 +70,7 @@ fn two_input() -> Topology {
         sink_p: 2,
         incremental: false,
         oracle_config: "",
+        unaligned: None,
     }
 }
 
@@ -77,6 +83,9 @@ fn job_toml(t: &Topology) -> String {
     );
     if t.incremental {
         s = s.replace("retained = 2\n", "retained = 2\nincremental = true\n");
+    }
+    if t.unaligned.is_some() {
+        s = s.replace("retained = 2\n", "retained = 2\nalignment = \"unaligned\"\n");
     }
     for (id, p, count, keys) in &t.sources {
         s += &format!(
@@ -104,9 +113,10 @@ fn job_toml(t: &Topology) -> String {
         t.oracle_p
     );
     s += &format!(
-        "[[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {}\ninputs = [{{ from = \"oracle\", partition = \"rebalance\" }}]\n\
+        "[[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {}\ninputs = [{{ from = \"oracle\", partition = \"rebalance\" }}]\n{}\
          [[sink]]\nid = \"violations\"\ntype = \"file\"\npath = \"violations\"\ninputs = [{{ from = \"oracle\", output = \"violations\" }}]\n",
-        t.sink_p
+        t.sink_p,
+        t.unaligned.map_or(String::new(), |rate| format!("rate = {rate}\n")),
     );
     s
 }
@@ -226,9 +236,13 @@ fn seeds() -> u64 {
 
 /// Runs topology `t` failure-free, then once per seed `s` with `s % 3 == share`, each with
 /// 1-3 seeded failures; checks the oracle, the golden output and the final state.
-fn check_topology(t: Topology, share: u64) {
+pub(crate) fn check_topology(t: Topology, share: u64) {
     let base_dir = scratch();
     let base = run(&t, base_dir.path(), None);
+    if t.unaligned.is_some() {
+        let logged: u64 = base.summary.nodes.iter().map(|n| n.inflight_logged).sum();
+        assert!(logged > 0, "no barrier overtook a record: the test exercises nothing unaligned");
+    }
     assert_eq!(base.summary.attempts, 1);
     assert!(base.violations.is_empty(), "{:?}", base.violations);
     assert_eq!(base.lines, golden(&t), "failure-free output");
@@ -468,6 +482,7 @@ fn exactly_once_a_checkpoint_aborted_mid_drain_abandons_it_and_later_restores_ar
         sink_p: 1,
         incremental: true,
         oracle_config: "",
+        unaligned: None,
     };
     let base_dir = scratch();
     let base = run(&t, base_dir.path(), None);

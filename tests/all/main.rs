@@ -29,4 +29,5 @@ mod s3;
 mod sandbox;
 mod savepoints;
 mod support;
+mod unaligned;
 mod windows;

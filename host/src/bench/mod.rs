@@ -7,6 +7,7 @@
 //! remembered between invocations); a run whose record counts do not add up is an error, not
 //! a row.
 
+pub mod backpressure;
 pub mod nexmark;
 pub mod report;
 pub mod startup;
@@ -117,7 +118,7 @@ fn unique() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -139,7 +140,7 @@ fn rate(r: &RunReport, records: u64) -> f64 {
 }
 
 /// Checks that the node `id` received `n` records.
-fn expect_in(r: &RunReport, job: &str, id: &str, n: u64) -> Result<(), BenchError> {
+pub(crate) fn expect_in(r: &RunReport, job: &str, id: &str, n: u64) -> Result<(), BenchError> {
     let got = r.nodes.iter().find(|x| x.id == id).map_or(0, |x| x.records_in);
     if got != n {
         return Err(BenchError::Check { job: job.into(), what: format!("`{id}` received {got} records, not {n}") });
@@ -159,7 +160,7 @@ fn read_job(dir: &Path, job: &str) -> Result<toml::Table, BenchError> {
 }
 
 /// The first generator's `count`.
-fn source_count(opts: &BenchOptions, job: &str) -> Result<u64, BenchError> {
+pub(crate) fn source_count(opts: &BenchOptions, job: &str) -> Result<u64, BenchError> {
     let t = read_job(&opts.dir, job)?;
     Ok(t.get("source")
         .and_then(|s| s.as_array())

@@ -26,6 +26,8 @@ pub struct Variant {
     pub component: Option<String>,
     /// Every sink becomes a `blackhole` (benchmarks measure the engine, not the disk).
     pub blackhole_sinks: bool,
+    /// `[checkpoint] alignment` (`aligned` or `unaligned`).
+    pub alignment: Option<&'static str>,
 }
 
 /// A job file the variant cannot be applied to.
@@ -89,7 +91,7 @@ pub fn apply(toml_text: &str, path: &Path, v: &Variant) -> Result<String, Varian
             t.insert(section.into(), toml::Value::Array(list.into_iter().map(toml::Value::Table).collect()));
         }
     }
-    if v.interval_ms.is_some() || v.incremental.is_some() {
+    if v.interval_ms.is_some() || v.incremental.is_some() || v.alignment.is_some() {
         let c = t
             .entry("checkpoint")
             .or_insert_with(|| toml::Value::Table(toml::Table::new()))
@@ -100,6 +102,9 @@ pub fn apply(toml_text: &str, path: &Path, v: &Variant) -> Result<String, Varian
         }
         if let Some(i) = v.incremental {
             c.insert("incremental".into(), toml::Value::Boolean(i));
+        }
+        if let Some(a) = v.alignment {
+            c.insert("alignment".into(), toml::Value::String(a.into()));
         }
         c.entry("interval_ms").or_insert(toml::Value::Integer(0));
     }

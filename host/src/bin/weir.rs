@@ -726,6 +726,14 @@ fn real_main(cli: Cli) -> Result<()> {
                 let opts = weir::bench::BenchOptions { dir: nexmark_dir, ..opts };
                 return Ok(weir::bench::nexmark::nexmark(&opts, events, &queries)?);
             }
+            if scenario == "backpressure" {
+                weir::bench::check_components(&opts.dir)?;
+                println!(
+                    "# weir bench backpressure: {} cores",
+                    std::thread::available_parallelism().map_or(1, |p| p.get())
+                );
+                return Ok(weir::bench::backpressure::backpressure(&opts)?);
+            }
             if scenario == "startup" {
                 println!("# weir bench startup: {} cores", std::thread::available_parallelism().map_or(1, |p| p.get()));
                 return Ok(weir::bench::startup::startup(&opts, &lang)?);
@@ -739,7 +747,9 @@ fn real_main(cli: Cli) -> Result<()> {
             let max = match scenario.as_str() {
                 "j1" | "all" => Some(weir::bench::j1(&opts)?),
                 "j3" | "latency" => None,
-                other => anyhow::bail!("unknown benchmark `{other}`; use j1, j3, latency, all, nexmark or startup"),
+                other => anyhow::bail!(
+                    "unknown benchmark `{other}`; use j1, j3, latency, all, nexmark, startup or backpressure"
+                ),
             };
             if matches!(scenario.as_str(), "j3" | "all") {
                 weir::bench::j3(&opts)?;

@@ -16,4 +16,5 @@ pub mod remote;
 pub mod remote_savepoint;
 pub mod snapshot;
 pub mod storage;
+pub mod unaligned;
 pub mod upgrade;

@@ -20,6 +20,7 @@ use crate::checkpoint::snapshot::{SinkState, SourcePosition, SubtaskState};
 use crate::checkpoint::storage::LoadedCheckpoint;
 use crate::declared::Redistribution;
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
+use crate::graph::partition::Partition;
 use crate::keygroup::key_group_range;
 
 /// Why a checkpoint cannot be restored into a job.
@@ -70,10 +71,11 @@ pub enum RecoveryError {
         /// In the job.
         new: u32,
     },
-    /// Loop records in transit that have no key group cannot be re-routed.
+    /// Records in flight (an unaligned checkpoint's, a loop's back-edges') that came over a
+    /// broadcast edge cannot be re-routed: every new subtask would need its own copy.
     #[error(
-        "operator `{uid}` logged records in transit on a loop back-edge in checkpoint {chk} that were not hash \
-         partitioned; they cannot be re-routed from parallelism {old} to {new}: keep parallelism {old}"
+        "`{uid}` has records in flight in checkpoint {chk} that came over a broadcast edge; they cannot be \
+         re-routed from parallelism {old} to {new}: keep parallelism {old}"
     )]
     BackEdgeLog {
         /// Node uid.
@@ -178,6 +180,10 @@ pub fn plan(
             NodeKind::Sink(_) => {
                 for s in 0..new_p {
                     let mut st = state_of(s).cloned().unwrap_or_default();
+                    if old_p != new_p {
+                        // Records in flight move by key group below.
+                        st.backedge_log.clear();
+                    }
                     if s >= old_p {
                         // A subtask the checkpoint did not have. If its index ran in an
                         // earlier run, its parts below where it stopped are output; anything
@@ -200,6 +206,7 @@ pub fn plan(
                         first.adopted_sinks.push((old, sink));
                     }
                 }
+                move_logs(&mut plan[ni], graph, ni, &entry.uid, (id, old_p), (0..old_p).filter_map(state_of))?;
             }
             NodeKind::Operator(_) => {
                 let layout_err = |subtask: u32| {
@@ -248,15 +255,7 @@ pub fn plan(
                         ..Default::default()
                     });
                 }
-                if old_p != new_p {
-                    redistribute_log(&mut plan[ni], (0..old_p).filter_map(state_of), graph.max_parallelism, new_p)
-                        .map_err(|()| RecoveryError::BackEdgeLog {
-                            uid: entry.uid.clone(),
-                            chk: id,
-                            old: old_p,
-                            new: new_p,
-                        })?;
-                }
+                move_logs(&mut plan[ni], graph, ni, &entry.uid, (id, old_p), (0..old_p).filter_map(state_of))?;
             }
         }
     }
@@ -354,26 +353,58 @@ fn redistribute_operator_state<'a>(
     Ok(out.iter().map(|s| layout::encode(s)).collect())
 }
 
-/// Moves back-edge records in transit to the subtask that owns each record's key group at
-/// the new parallelism. Err if a record has no key group (a non-hash feedback edge).
+/// After a rescale (`old_p` subtasks' `old` states of checkpoint `chk` into a `plan` row of
+/// another length): the records in flight
+/// of node `ni` move to their new subtasks ([`redistribute_log`]).
+fn move_logs<'a>(
+    plan: &mut [Option<SubtaskState>],
+    graph: &JobGraph,
+    ni: usize,
+    uid: &str,
+    (chk, old_p): (u64, u32),
+    old: impl Iterator<Item = &'a SubtaskState>,
+) -> Result<(), RecoveryError> {
+    let new_p = plan.len() as u32;
+    if old_p == new_p {
+        return Ok(());
+    }
+    let broadcast = graph.edges.iter().any(|e| e.to == ni && e.partition == Partition::Broadcast);
+    redistribute_log(plan, old, graph.max_parallelism, broadcast).map_err(|()| RecoveryError::BackEdgeLog {
+        uid: uid.into(),
+        chk,
+        old: old_p,
+        new: new_p,
+    })
+}
+
+/// Moves records in flight (a loop's back-edges', an unaligned checkpoint's) to the subtask
+/// that owns each record's key group at the new parallelism; records without one (forward
+/// and rebalance edges) go round-robin. Err if the node reads a broadcast edge and such a
+/// record is there (it would need a copy per new subtask).
 fn redistribute_log<'a>(
     plan: &mut [Option<SubtaskState>],
     old: impl Iterator<Item = &'a SubtaskState>,
     max_parallelism: u32,
-    new_p: u32,
+    broadcast: bool,
 ) -> Result<(), ()> {
     use crate::checkpoint::snapshot::LoggedBatch;
     use crate::keygroup::operator_index;
     use crate::record::{Batch, NO_KEY_GROUP};
+    let new_p = plan.len() as u32;
+    let mut next = 0u32;
     for st in old {
         for lb in &st.backedge_log {
             let batch = Batch::from_validated(lb.bytes.clone(), lb.records);
             let mut parts: Vec<Batch> = (0..new_p).map(|_| Batch::default()).collect();
+            let spread = next % new_p;
+            next += 1;
             for r in batch.iter() {
-                if r.tag == NO_KEY_GROUP {
-                    return Err(());
-                }
-                parts[operator_index(r.tag, max_parallelism, new_p) as usize].push(r.tag, r.timestamp, r.key, r.value);
+                let to = match r.tag {
+                    NO_KEY_GROUP if broadcast => return Err(()),
+                    NO_KEY_GROUP => spread,
+                    kg => operator_index(kg, max_parallelism, new_p),
+                };
+                parts[to as usize].push(r.tag, r.timestamp, r.key, r.value);
             }
             for (s, b) in parts.into_iter().enumerate() {
                 if !b.is_empty()

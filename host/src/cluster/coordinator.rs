@@ -148,6 +148,15 @@ impl Cluster {
     /// Runs `job` on the cluster's workers until it finishes, restarting after failures as
     /// its restart strategy allows.
     pub fn run(&mut self, job: &BoundJob, source: &JobSource, opts: &RunOptions) -> Result<RunSummary, RunError> {
+        let g = &job.graph;
+        if g.checkpoint.as_ref().is_some_and(|c| c.alignment == crate::graph::logical::Alignment::Unaligned) {
+            return Err(RunError::Setup {
+                job: g.name.clone(),
+                message: "[checkpoint] alignment = \"unaligned\" does not run on a cluster yet (barriers cannot \
+                          overtake records on the network channels); use aligned checkpoints, or `weir run`"
+                    .into(),
+            });
+        }
         run_deployed(job, opts, &mut |a| self.run_attempt(a, source))
     }
 

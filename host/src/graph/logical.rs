@@ -60,6 +60,19 @@ pub struct CheckpointConfig {
     pub settings: CheckpointSettings,
     /// Incremental snapshots of keyed state (`checkpoint/incremental.rs`).
     pub incremental: bool,
+    /// How barriers pass buffered records (`checkpoint/unaligned.rs`).
+    pub alignment: Alignment,
+}
+
+/// `[checkpoint] alignment`: whether a barrier waits behind the records queued before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Alignment {
+    /// Barriers travel in line with the records and are aligned at multi-input tasks (ABS).
+    #[default]
+    Aligned,
+    /// Barriers overtake queued records; what they overtook is written with the checkpoint
+    /// and replayed on restore (Flink's unaligned checkpoints, FLIP-76).
+    Unaligned,
 }
 
 /// Checkpoint settings (`[checkpoint]` in the job file).

@@ -484,6 +484,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 }
             };
             let (dir, remote) = checkpoint_dir(cx, c)?;
+            let alignment = alignment(cx, c, &nodes, &edges)?;
             Some(CheckpointConfig {
                 dir,
                 remote,
@@ -495,6 +496,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     retained: positive(&c.retained, "retained", d.retained)?,
                 },
                 incremental: c.incremental,
+                alignment,
             })
         }
         _ => None,
@@ -745,6 +747,42 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
         }
     }
     Ok(())
+}
+
+/// `[checkpoint] alignment`. Unaligned checkpoints are refused where their in-flight records
+/// could not be written and replayed yet: jobs with loops (whose heads log back-edges their
+/// own way).
+fn alignment(
+    cx: &Ctx<'_>,
+    c: &crate::job::spec::CheckpointSpec,
+    nodes: &[Node],
+    edges: &[Edge],
+) -> Result<crate::graph::logical::Alignment, JobError> {
+    use crate::graph::logical::Alignment;
+    let Some(a) = &c.alignment else { return Ok(Alignment::Aligned) };
+    let alignment = match a.get_ref().as_str() {
+        "aligned" => Alignment::Aligned,
+        "unaligned" => Alignment::Unaligned,
+        other => {
+            return cx.err(
+                a.span(),
+                format!("[checkpoint] alignment must be \"aligned\" or \"unaligned\", got \"{other}\""),
+            );
+        }
+    };
+    if alignment == Alignment::Unaligned
+        && let Some(e) = edges.iter().find(|e| e.feedback)
+    {
+        return cx.err(
+            a.span(),
+            format!(
+                "[checkpoint] alignment = \"unaligned\" is not supported for jobs with loops yet (the back-edge from `{}` \
+                 to `{}`); use aligned checkpoints, whose loop heads log the back-edges",
+                nodes[e.from].id, nodes[e.to].id
+            ),
+        );
+    }
+    Ok(alignment)
 }
 
 /// The first option of `postgres` sinks that `s` sets: (name, where).

@@ -320,6 +320,10 @@ pub struct CheckpointSpec {
     /// earlier files); savepoints stay full.
     #[serde(default)]
     pub incremental: bool,
+    /// `aligned` (the default) or `unaligned`: barriers overtake queued records, which are
+    /// written with the checkpoint (checkpoints stay short under backpressure).
+    #[serde(default)]
+    pub alignment: Option<Spanned<String>>,
 }
 
 /// `[restart]`

@@ -30,7 +30,7 @@ use crate::checkpoint::remote_savepoint;
 use crate::checkpoint::storage::{CheckpointStore, export_savepoint};
 use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
 use crate::graph::logical::CheckpointSettings;
-use crate::graph::logical::JobGraph;
+use crate::graph::logical::{Alignment, JobGraph};
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
 use crate::runtime::control::{Ack, Control, Controls, Event};
@@ -266,6 +266,15 @@ pub fn run(
                         let _ = reply.send(Err(format!("job `{}` has no operator `{uid}`", cfg.job)));
                         continue;
                     };
+                    if cfg.graph.checkpoint.as_ref().is_some_and(|c| c.alignment == Alignment::Unaligned) {
+                        let _ = reply.send(Err(format!(
+                            "job `{}` takes unaligned checkpoints, and live upgrades need aligned ones: stop the job \
+                             with a savepoint and start the new version from it (or set [checkpoint] alignment = \
+                             \"aligned\")",
+                            cfg.job
+                        )));
+                        continue;
+                    }
                     let Some((old, _)) = cfg.live.lock().unwrap().get(&ni).cloned() else {
                         let _ = reply
                             .send(Err(format!("`{uid}` is a source or sink; only WASM operators can be upgraded")));

@@ -89,6 +89,8 @@ pub struct NodeSummary {
     pub snapshots_abandoned: u64,
     /// Most `snapshot` calls (chunks) one subtask's snapshot took.
     pub snapshot_chunks_max: u64,
+    /// Records in flight written with unaligned checkpoints (the barriers overtook them).
+    pub inflight_logged: u64,
 }
 
 /// Records stamped within this long of a latency sink's first record are not measured
@@ -535,6 +537,7 @@ pub(crate) fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<Node
                 latency,
                 snapshots_abandoned,
                 snapshot_chunks_max,
+                inflight_logged: m.inflight_logged.load(Ordering::Relaxed),
             }
         })
         .collect()

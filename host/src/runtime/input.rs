@@ -3,14 +3,25 @@
 //! over its inputs.
 //!
 //! Invariant: a channel is read in FIFO order; a finished channel counts as watermark +inf.
+//!
+//! With unaligned checkpoints, barriers come on a priority inbox ahead of the channels
+//! ([`Priority`]). Each one is read before any further message of any channel, and it moves
+//! its channel's messages up to the barrier's position off the channel into the input's
+//! **front** queue, followed by what the sender carried along; a front is read before its
+//! channel. So every input still yields its messages in the order they were produced, and
+//! at the moment a barrier is delivered, its front holds exactly the input's records in
+//! flight across the sender's snapshot.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Select};
 
 use crate::graph::logical::Side;
+use crate::ids::CheckpointId;
+use crate::record::Batch;
 use crate::runtime::control::Control;
-use crate::runtime::message::Message;
+use crate::runtime::message::{Message, Priority};
 
 /// One input channel.
 pub struct InputChannel {
@@ -29,6 +40,12 @@ pub struct InputChannel {
     space: Option<std::sync::Arc<tokio::sync::Notify>>,
     watermark: i64,
     done: bool,
+    /// Messages taken off the channel so far.
+    received: u64,
+    /// Messages to read before the channel (unaligned checkpoints).
+    front: VecDeque<Message>,
+    /// How many of `front` were in flight at the barrier last delivered.
+    in_flight: usize,
 }
 
 impl InputChannel {
@@ -43,6 +60,20 @@ impl InputChannel {
             space: None,
             watermark: i64::MIN,
             done: false,
+            received: 0,
+            front: VecDeque::new(),
+            in_flight: 0,
+        }
+    }
+
+    /// Bookkeeping of a message just taken off the channel.
+    fn took(&mut self, m: &Message) {
+        self.received += 1;
+        if let Some(s) = &self.space {
+            s.notify_one();
+        }
+        if let (Some(b), Message::Data(batch)) = (&self.budget, m) {
+            b.sub(batch.as_bytes().len() as u64);
         }
     }
 
@@ -83,18 +114,78 @@ pub enum Received {
     Idle,
     /// Every input has ended.
     AllDone,
+    /// An unaligned checkpoint's barrier was delivered on input `index`: its front now holds
+    /// the input's records in flight across the sender's snapshot.
+    Marker(usize, CheckpointId),
 }
 
 /// All inputs of a subtask.
 pub struct Inputs {
     channels: Vec<InputChannel>,
     watermark: i64,
+    /// Unaligned checkpoints: where barriers arrive ahead of the channels.
+    priority: Option<Receiver<Priority>>,
 }
 
 impl Inputs {
     /// Reads `channels`.
     pub fn new(channels: Vec<InputChannel>) -> Self {
-        Inputs { channels, watermark: i64::MIN }
+        Inputs { channels, watermark: i64::MIN, priority: None }
+    }
+
+    /// Unaligned checkpoints: barriers arrive on `inbox`.
+    pub fn with_priority(mut self, inbox: Option<Receiver<Priority>>) -> Self {
+        self.priority = inbox;
+        self
+    }
+
+    /// The priority inbox (unaligned checkpoints), for a subtask waiting on its output.
+    pub fn priority(&self) -> Option<Receiver<Priority>> {
+        self.priority.clone()
+    }
+
+    /// A message just taken off channel `i`. A barrier sent before it was is visible now: if
+    /// one came, it goes first, and the message waits in the (empty) front behind it — it
+    /// may lie beyond that barrier's position (`accept` sorts that out).
+    fn taken(&mut self, i: usize, m: Message) -> Received {
+        self.channels[i].took(&m);
+        if let Some(p) = self.priority.as_ref().and_then(|r| r.try_recv().ok()) {
+            self.channels[i].front.push_back(m);
+            return self.accept(p);
+        }
+        Received::Message(i, m)
+    }
+
+    /// Delivers an unaligned barrier: input `p.input`'s messages up to the barrier move off
+    /// the channel into its front, then what the sender carried.
+    pub fn accept(&mut self, p: Priority) -> Received {
+        let Some(c) = self.channels.get_mut(p.input) else { return Received::Disconnected };
+        // A message already taken off beyond the barrier's position (it raced the barrier
+        // into this subtask: see `recv`) waits at the back of the front; it goes after what
+        // the barrier carried, and is not in flight.
+        let beyond = c.received.saturating_sub(p.sent) as usize;
+        let keep = c.front.len().saturating_sub(beyond);
+        let after: Vec<Message> = c.front.drain(keep..).collect();
+        while c.received < p.sent {
+            // The sender put these in before it sent the barrier: they are there.
+            let Ok(m) = c.rx.try_recv() else { return Received::Disconnected };
+            c.took(&m);
+            c.front.push_back(m);
+        }
+        c.front.extend(p.carried);
+        c.in_flight = c.front.len();
+        c.front.extend(after);
+        Received::Marker(p.input, p.id)
+    }
+
+    /// The batches in flight on input `index` at the barrier [`Inputs::accept`] just
+    /// delivered (the front up to the barrier's position).
+    pub fn front_batches(&self, index: usize) -> impl Iterator<Item = &Batch> {
+        let c = &self.channels[index];
+        c.front.iter().take(c.in_flight).filter_map(|m| match m {
+            Message::Data(b) => Some(b),
+            _ => None,
+        })
     }
 
     /// Where the records of input `index` come from.
@@ -127,6 +218,18 @@ impl Inputs {
         parked: &dyn Fn(usize) -> bool,
         control: Option<&Receiver<Control>>,
     ) -> Received {
+        // Barriers overtake everything; then what they moved ahead of the channels.
+        if let Some(p) = self.priority.as_ref().and_then(|r| r.try_recv().ok()) {
+            return self.accept(p);
+        }
+        for (i, c) in self.channels.iter_mut().enumerate() {
+            if !c.done
+                && !parked(i)
+                && let Some(m) = c.front.pop_front()
+            {
+                return Received::Message(i, m);
+            }
+        }
         let open: Vec<usize> = (0..self.channels.len()).filter(|&i| !self.channels[i].done).collect();
         if open.is_empty() {
             return Received::AllDone;
@@ -139,29 +242,37 @@ impl Inputs {
         if let Some(c) = control {
             sel.recv(c);
         }
-        let op = match wait {
-            None => sel.try_select().ok(),
-            Some(t) => sel.select_timeout(t).ok(),
+        let priority = self.priority.clone();
+        if let Some(p) = &priority {
+            sel.recv(p);
+        }
+        let op = match match wait {
+            None => sel.try_select(),
+            Some(t) => sel.select_timeout(t).map_err(|_| crossbeam_channel::TrySelectError),
+        } {
+            Ok(op) => op,
+            Err(_) => return Received::Idle,
         };
-        let Some(op) = op else { return Received::Idle };
-        if op.index() == readable.len() {
-            return match op.recv(control.unwrap()) {
+        if let Some(control) = control.filter(|_| op.index() == readable.len()) {
+            return match op.recv(control) {
                 Ok(c) => Received::Control(c),
                 // The coordinator is gone: the job is being torn down.
                 Err(_) => Received::Disconnected,
             };
         }
+        if op.index() >= readable.len() {
+            let got = op.recv(priority.as_ref().expect("selected"));
+            drop(sel);
+            return match got {
+                Ok(p) => self.accept(p),
+                Err(_) => Received::Disconnected,
+            };
+        }
         let i = readable[op.index()];
-        match op.recv(&self.channels[i].rx) {
-            Ok(m) => {
-                if let Some(s) = &self.channels[i].space {
-                    s.notify_one();
-                }
-                if let (Some(b), Message::Data(batch)) = (&self.channels[i].budget, &m) {
-                    b.sub(batch.as_bytes().len() as u64);
-                }
-                Received::Message(i, m)
-            }
+        let got = op.recv(&self.channels[i].rx);
+        drop(sel);
+        match got {
+            Ok(m) => self.taken(i, m),
             // An upstream that exits on `Stop` (stop with savepoint) disconnects before this
             // subtask may have read its own `Complete`/`Stop`: those come first.
             Err(_) => match control.map(|c| c.recv_timeout(Duration::from_millis(200))) {
@@ -231,6 +342,73 @@ mod tests {
         assert_eq!(inputs.advance(), Some(20));
         inputs.finish(1);
         assert_eq!(inputs.advance(), Some(i64::MAX));
+    }
+
+    fn data(v: u8) -> Message {
+        let mut b = Batch::default();
+        b.push(0, 0, b"k", &[v]);
+        Message::Data(b)
+    }
+
+    fn value(r: Received) -> u8 {
+        match r {
+            Received::Message(0, Message::Data(b)) => b.iter().next().unwrap().value[0],
+            _ => panic!("not a data message of input 0"),
+        }
+    }
+
+    /// Unaligned: a barrier moves its channel's messages up to its position ahead (they are
+    /// what was in flight), then what the sender carried; the input still yields every
+    /// message in the order it was produced.
+    #[test]
+    fn unaligned_a_barrier_moves_the_messages_before_it_ahead_and_keeps_the_order() {
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let (inbox, prio) = crossbeam_channel::unbounded();
+        let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]).with_priority(Some(prio));
+        for v in 1..=4 {
+            tx.send(data(v)).unwrap();
+        }
+        assert_eq!(value(inputs.recv(None, &|_| false, None)), 1);
+        // The sender put 3 messages in before its snapshot and held record 9 back.
+        inbox.send(Priority { input: 0, id: CheckpointId(5), sent: 3, carried: vec![data(9)] }).unwrap();
+        assert!(matches!(inputs.recv(None, &|_| false, None), Received::Marker(0, CheckpointId(5))));
+        let in_flight: Vec<u8> = inputs.front_batches(0).map(|b| b.iter().next().unwrap().value[0]).collect();
+        assert_eq!(in_flight, vec![2, 3, 9], "the records in flight across the sender's snapshot");
+        let rest: Vec<u8> = (0..4).map(|_| value(inputs.recv(None, &|_| false, None))).collect();
+        assert_eq!(rest, vec![2, 3, 9, 4]);
+    }
+
+    /// The race: a message sent after the barrier is taken off the channel before the
+    /// barrier is seen. It must come after what the barrier carried, and it is not in flight
+    /// (logging it would replay it after a restore although its sender sends it again).
+    #[test]
+    fn unaligned_a_message_that_raced_past_its_barrier_goes_after_it_and_is_not_in_flight() {
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let (inbox, prio) = crossbeam_channel::unbounded();
+        let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]).with_priority(Some(prio));
+        tx.send(data(1)).unwrap();
+        assert_eq!(value(inputs.recv(None, &|_| false, None)), 1);
+        // The sender snapshots after 1 message, holding record 9 back, then sends record 2.
+        inbox.send(Priority { input: 0, id: CheckpointId(3), sent: 1, carried: vec![data(9)] }).unwrap();
+        tx.send(data(2)).unwrap();
+        let m = inputs.channels[0].rx.try_recv().unwrap();
+        assert!(matches!(inputs.taken(0, m), Received::Marker(0, CheckpointId(3))));
+        let in_flight: Vec<u8> = inputs.front_batches(0).map(|b| b.iter().next().unwrap().value[0]).collect();
+        assert_eq!(in_flight, vec![9], "record 2 was sent after the barrier");
+        let rest: Vec<u8> = (0..2).map(|_| value(inputs.recv(None, &|_| false, None))).collect();
+        assert_eq!(rest, vec![9, 2]);
+    }
+
+    /// A barrier naming more messages than the channel ever held is a broken sender: the
+    /// input reports it rather than waiting forever.
+    #[test]
+    fn unaligned_a_barrier_beyond_the_channel_is_refused() {
+        let (_tx, rx) = crossbeam_channel::bounded::<Message>(8);
+        let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]);
+        let p = Priority { input: 0, id: CheckpointId(1), sent: 1, carried: vec![] };
+        assert!(matches!(inputs.accept(p), Received::Disconnected));
+        let p = Priority { input: 7, id: CheckpointId(1), sent: 0, carried: vec![] };
+        assert!(matches!(inputs.accept(p), Received::Disconnected), "no such input");
     }
 
     /// Taking a message off a network-fed channel tells the network side at once (a permit is

@@ -19,7 +19,7 @@ use crate::checkpoint::recovery::{self, RestorePlan};
 use crate::checkpoint::storage::{CheckpointStore, LoadedCheckpoint};
 use crate::connectors::file_sink::clear_parts;
 use crate::declared::Redistribution;
-use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
+use crate::graph::logical::{Alignment, JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::graph::physical::PhysicalPlan;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
@@ -32,7 +32,7 @@ use crate::runtime::failed_record::Origin;
 use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::handle::{Endpoint, Request};
 use crate::runtime::input::{InputChannel, Inputs};
-use crate::runtime::message::Message;
+use crate::runtime::message::{Message, Priority};
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::output::{EdgeOutput, Output};
 use crate::runtime::participant::Participant;
@@ -170,7 +170,7 @@ pub(crate) fn build_part(
     a: &Attempt<'_>,
     plan: &PhysicalPlan,
     mine: &[bool],
-    mut inputs: Vec<Vec<InputChannel>>,
+    mut inputs: Vec<Inputs>,
     mut outputs: Vec<Vec<EdgeOutput>>,
 ) -> Result<Part, StartError> {
     let g = &a.job.graph;
@@ -216,7 +216,7 @@ pub(crate) fn build_part(
         });
         let parts = Parts {
             id: id.clone(),
-            inputs: Inputs::new(std::mem::take(&mut inputs[si])),
+            inputs: std::mem::replace(&mut inputs[si], Inputs::new(Vec::new())),
             output: Output::new(std::mem::take(&mut outputs[si]), g.batch_size, 256 * 1024)
                 .with_backpressure(metrics[s.node].subtask(s.subtask)),
             metrics: metrics[s.node].clone(),
@@ -268,8 +268,9 @@ fn restore_plan(a: &Attempt<'_>) -> Result<Option<RestorePlan>, RunError> {
 
 /// This process's channels of the plan (see [`wire`]).
 pub(crate) struct Wiring {
-    /// Per subtask of the plan: its input channels in input order (empty if not `mine`).
-    pub inputs: Vec<Vec<InputChannel>>,
+    /// Per subtask of the plan: its input channels in input order (none if not `mine`),
+    /// with its priority inbox for unaligned checkpoints' barriers.
+    pub inputs: Vec<Inputs>,
     /// Per subtask of the plan: its outputs per edge (empty if not `mine`).
     pub outputs: Vec<Vec<EdgeOutput>>,
     /// Channels from a subtask here to one elsewhere.
@@ -311,6 +312,7 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
     let mut receivers: Vec<Option<Receiver<Message>>> = Vec::with_capacity(plan.channels.len());
     let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
     let mut space: Vec<Option<Arc<tokio::sync::Notify>>> = vec![None; plan.channels.len()];
+    let (inboxes, at_input) = priority_inboxes(g, plan, mine);
     for (ci, c) in plan.channels.iter().enumerate() {
         let e = &g.edges[c.edge];
         let (from_here, to_here) = (mine[plan.index_of(e.from, c.from)], mine[plan.index_of(e.to, c.to)]);
@@ -346,11 +348,11 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
     let mut outputs = Vec::with_capacity(plan.subtasks.len());
     for (si, s) in plan.subtasks.iter().enumerate() {
         if !mine[si] {
-            inputs.push(Vec::new());
+            inputs.push(Inputs::new(Vec::new()));
             outputs.push(Vec::new());
             continue;
         }
-        let ins = plan
+        let ins: Vec<InputChannel> = plan
             .inputs_of(g, s.node, s.subtask)
             .map(|ci| {
                 let c = plan.channels[ci];
@@ -368,7 +370,7 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                     .space(space[ci].take())
             })
             .collect();
-        inputs.push(ins);
+        inputs.push(Inputs::new(ins).with_priority(inboxes[si].as_ref().map(|(_, rx)| rx.clone())));
         let outs = plan
             .outputs_of(g, s.node, s.subtask)
             .into_iter()
@@ -376,14 +378,55 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                 let e = &g.edges[ei];
                 let backs = channels.iter().map(|&ci| plan.channels[ci].back).collect();
                 let txs = channels.iter().map(|&ci| senders[ci].take().expect("each channel has one sender")).collect();
-                EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, s.subtask as usize)
+                let edge = EdgeOutput::new(e.port, e.partition, txs, g.max_parallelism, s.subtask as usize)
                     .in_loop(g.edge_in_loop(ei))
-                    .back_edges(backs, budget.clone())
+                    .back_edges(backs, budget.clone());
+                match at_input.is_empty() {
+                    true => edge,
+                    false => edge.unaligned(
+                        channels
+                            .iter()
+                            .map(|&ci| {
+                                let (to, input) = at_input[ci];
+                                (inboxes[to].as_ref().expect("a receiver here has an inbox").0.clone(), input)
+                            })
+                            .collect(),
+                    ),
+                }
             })
             .collect();
         outputs.push(outs);
     }
     Wiring { inputs, outputs, outgoing, incoming }
+}
+
+/// Unaligned checkpoints: a priority inbox per subtask with inputs (`mine` only), and per
+/// channel its receiver and input index there. Empty with aligned checkpoints.
+#[allow(clippy::type_complexity)]
+fn priority_inboxes(
+    g: &JobGraph,
+    plan: &PhysicalPlan,
+    mine: &[bool],
+) -> (Vec<Option<(Sender<Priority>, Receiver<Priority>)>>, Vec<(usize, usize)>) {
+    let unaligned = g.checkpoint.as_ref().is_some_and(|c| c.alignment == Alignment::Unaligned);
+    let mut inboxes: Vec<Option<(Sender<Priority>, Receiver<Priority>)>> = Vec::new();
+    let mut at_input = Vec::new();
+    if !unaligned {
+        inboxes.resize_with(plan.subtasks.len(), || None);
+        return (inboxes, at_input);
+    }
+    at_input = vec![(usize::MAX, 0); plan.channels.len()];
+    for (si, s) in plan.subtasks.iter().enumerate() {
+        let mut any = false;
+        if mine[si] {
+            for (k, ci) in plan.inputs_of(g, s.node, s.subtask).enumerate() {
+                at_input[ci] = (si, k);
+                any = true;
+            }
+        }
+        inboxes.push(any.then(unbounded));
+    }
+    (inboxes, at_input)
 }
 
 /// The coordinator's view of the attempt: nodes as manifests record them, subtasks by global
@@ -653,7 +696,7 @@ mod tests {
         let mut w = wire(&g, &plan, &mine);
         assert!(w.outgoing.is_empty());
         let Incoming { tx, space, .. } = w.incoming.pop().expect("the source's channel comes from elsewhere");
-        let mut inputs = Inputs::new(std::mem::take(&mut w.inputs[sink]));
+        let mut inputs = std::mem::replace(&mut w.inputs[sink], Inputs::new(Vec::new()));
         tx.send(Message::Watermark(7)).unwrap();
         assert!(matches!(inputs.recv(None, &|_| false, None), Received::Message(0, Message::Watermark(7))));
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();

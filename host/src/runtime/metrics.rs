@@ -180,6 +180,8 @@ pub struct NodeMetrics {
     pub snapshots_abandoned: AtomicU64,
     /// Most `snapshot` calls (chunks) one subtask's snapshot took.
     pub snapshot_chunks_max: AtomicU64,
+    /// Records in flight written with unaligned checkpoints (the barriers overtook them).
+    pub inflight_logged: AtomicU64,
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow
     /// instead of blocking; this is their reported bound).
     pub feedback_peak_batches: AtomicU64,

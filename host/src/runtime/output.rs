@@ -5,16 +5,27 @@
 //! end of stream) are sent only after every pending batch is flushed, so they never
 //! overtake data. Time spent blocked on a full channel is added to the node's backpressure
 //! counter; a send that does not block reads no clock.
+//!
+//! With unaligned checkpoints a full channel does not block the sender inside `emit`: what
+//! does not fit waits in the target's overflow queue (in order, behind which nothing goes
+//! into the channel), the subtask reads no more input until [`Output::drain`] has emptied
+//! it, and a barrier that comes meanwhile takes the overflow and the pending batch with it
+//! ([`Output::unaligned_barrier`]). The overflow holds at most what one input batch (or one
+//! timer call) made the operator emit.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::{Receiver, Select, Sender, TrySendError};
 
 use crate::connectors::Emit;
 use crate::graph::partition::{Partition, Selector, Target};
+use crate::ids::CheckpointId;
 use crate::record::{Batch, RecordRef};
+use crate::runtime::control::Control;
 use crate::runtime::feedback_budget::FeedbackBudget;
-use crate::runtime::message::Message;
+use crate::runtime::message::{Message, Priority};
 use crate::runtime::metrics::SubtaskMetrics;
 
 pub use crate::connectors::Disconnected;
@@ -30,6 +41,13 @@ pub struct EdgeOutput {
     /// Per target: a back-edge, whose batches count against the job's in-flight budget.
     back: Vec<bool>,
     budget: Option<Arc<FeedbackBudget>>,
+    /// Unaligned checkpoints: per target, where its barriers go (the receiver's priority
+    /// inbox and input index); empty with aligned checkpoints.
+    priority: Vec<(Sender<Priority>, usize)>,
+    /// Per target: messages put into the channel so far (unaligned checkpoints).
+    sent: Vec<u64>,
+    /// Per target: messages waiting for room in the channel (unaligned checkpoints).
+    overflow: Vec<VecDeque<Message>>,
 }
 
 impl EdgeOutput {
@@ -44,7 +62,73 @@ impl EdgeOutput {
         let pending = (0..targets.len()).map(|_| Batch::with_capacity(16 * 1024)).collect();
         let selector = Selector::new(partition, targets.len(), max_parallelism, start);
         let back = vec![false; targets.len()];
-        EdgeOutput { port, selector, targets, pending, in_loop: false, ended: false, back, budget: None }
+        let (sent, overflow) = (vec![0; targets.len()], (0..targets.len()).map(|_| VecDeque::new()).collect());
+        EdgeOutput {
+            port,
+            selector,
+            targets,
+            pending,
+            in_loop: false,
+            ended: false,
+            back,
+            budget: None,
+            priority: Vec::new(),
+            sent,
+            overflow,
+        }
+    }
+
+    /// Unaligned checkpoints: target `i`'s barriers go to `priority[i]` (the receiver's
+    /// priority inbox, and its input index there); full channels no longer block.
+    pub fn unaligned(mut self, priority: Vec<(Sender<Priority>, usize)>) -> Self {
+        assert_eq!(priority.len(), self.targets.len(), "one priority inbox per target");
+        self.priority = priority;
+        self
+    }
+
+    /// Puts `m` on target `index`'s channel: blocking while it is full (aligned), or behind
+    /// its overflow (unaligned).
+    fn put(&mut self, index: usize, m: Message, counter: &Option<Arc<SubtaskMetrics>>) -> Result<(), Disconnected> {
+        if self.priority.is_empty() {
+            return send(&self.targets[index], m, counter);
+        }
+        let queue = &mut self.overflow[index];
+        if !queue.is_empty() {
+            queue.push_back(m);
+            return Ok(());
+        }
+        match self.targets[index].try_send(m) {
+            Ok(()) => {
+                self.sent[index] += 1;
+                Ok(())
+            }
+            Err(TrySendError::Full(m)) => {
+                queue.push_back(m);
+                Ok(())
+            }
+            Err(TrySendError::Disconnected(_)) => Err(Disconnected),
+        }
+    }
+
+    /// Moves overflow into channels with room; returns whether anything moved.
+    fn try_drain(&mut self) -> Result<bool, Disconnected> {
+        let mut moved = false;
+        for (i, queue) in self.overflow.iter_mut().enumerate() {
+            while let Some(m) = queue.pop_front() {
+                match self.targets[i].try_send(m) {
+                    Ok(()) => {
+                        self.sent[i] += 1;
+                        moved = true;
+                    }
+                    Err(TrySendError::Full(m)) => {
+                        queue.push_front(m);
+                        break;
+                    }
+                    Err(TrySendError::Disconnected(_)) => return Err(Disconnected),
+                }
+            }
+        }
+        Ok(moved)
     }
 
     /// Marks the targets that are back-edges (`back[i]`), charged to `budget`.
@@ -66,7 +150,7 @@ impl EdgeOutput {
         if let Some(b) = self.budget.as_ref().filter(|_| self.back[index]) {
             b.add(batch.as_bytes().len() as u64);
         }
-        send(&self.targets[index], Message::Data(batch), counter)
+        self.put(index, Message::Data(batch), counter)
     }
 
     /// Marks an edge that stays inside a loop (its target reaches its source again).
@@ -74,6 +158,19 @@ impl EdgeOutput {
         self.in_loop = in_loop;
         self
     }
+}
+
+/// What [`Output::drain`] got to.
+#[derive(Debug)]
+pub enum Drained {
+    /// Messages moved (or none wait any more).
+    Progress,
+    /// A barrier arrived for one of the subtask's inputs.
+    Priority(Priority),
+    /// A message from the checkpoint coordinator.
+    Control(Control),
+    /// Nothing within the wait.
+    Timeout,
 }
 
 /// All outgoing edges of a subtask.
@@ -191,9 +288,9 @@ impl Output {
     /// Flushes, then sends a copy of `make()` on every channel of every edge not ended.
     pub fn broadcast(&mut self, make: impl Fn() -> Message) -> Result<(), Disconnected> {
         self.flush()?;
-        for e in self.edges.iter().filter(|e| !e.ended) {
-            for t in &e.targets {
-                send(t, make(), &self.backpressure)?;
+        for e in self.edges.iter_mut().filter(|e| !e.ended) {
+            for t in 0..e.targets.len() {
+                e.put(t, make(), &self.backpressure)?;
             }
         }
         Ok(())
@@ -204,10 +301,95 @@ impl Output {
     pub fn end_loop_edges(&mut self) -> Result<(), Disconnected> {
         self.flush()?;
         for e in self.edges.iter_mut().filter(|e| e.in_loop && !e.ended) {
-            for t in &e.targets {
-                send(t, Message::EndOfStream, &self.backpressure)?;
+            for t in 0..e.targets.len() {
+                e.put(t, Message::EndOfStream, &self.backpressure)?;
             }
             e.ended = true;
+        }
+        Ok(())
+    }
+
+    /// Whether barriers go ahead of queued output (unaligned checkpoints).
+    pub fn is_unaligned(&self) -> bool {
+        self.edges.iter().any(|e| !e.priority.is_empty())
+    }
+
+    /// Whether messages wait for room in a full channel (unaligned checkpoints): the subtask
+    /// must not read more input before [`Output::drain`] has emptied them.
+    pub fn blocked(&self) -> bool {
+        self.edges.iter().any(|e| e.overflow.iter().any(|q| !q.is_empty()))
+    }
+
+    /// Moves waiting messages into channels as room appears; waits up to `wait` for room,
+    /// for a barrier on `priority` or for a message on `control`, whichever comes first.
+    pub fn drain(
+        &mut self,
+        priority: Option<&Receiver<Priority>>,
+        control: Option<&Receiver<Control>>,
+        wait: Duration,
+    ) -> Result<Drained, Disconnected> {
+        let mut moved = false;
+        for e in &mut self.edges {
+            moved |= e.try_drain()?;
+        }
+        if moved || !self.blocked() {
+            return Ok(Drained::Progress);
+        }
+        let started = std::time::Instant::now();
+        let mut slots = Vec::new();
+        let mut senders = Vec::new();
+        for (ei, e) in self.edges.iter().enumerate() {
+            for (ti, q) in e.overflow.iter().enumerate() {
+                if !q.is_empty() {
+                    slots.push((ei, ti));
+                    senders.push(e.targets[ti].clone());
+                }
+            }
+        }
+        let mut sel = Select::new();
+        for tx in &senders {
+            sel.send(tx);
+        }
+        let p_at = priority.map(|p| sel.recv(p));
+        let c_at = control.map(|c| sel.recv(c));
+        let r = match sel.select_timeout(wait) {
+            Err(_) => Drained::Timeout,
+            Ok(op) if Some(op.index()) == p_at => {
+                Drained::Priority(op.recv(priority.expect("selected")).map_err(|_| Disconnected)?)
+            }
+            Ok(op) if Some(op.index()) == c_at => {
+                Drained::Control(op.recv(control.expect("selected")).map_err(|_| Disconnected)?)
+            }
+            Ok(op) => {
+                let at = op.index();
+                let (ei, ti) = slots[at];
+                let e = &mut self.edges[ei];
+                let m = e.overflow[ti].pop_front().expect("a waiting message");
+                op.send(&senders[at], m).map_err(|_| Disconnected)?;
+                e.sent[ti] += 1;
+                Drained::Progress
+            }
+        };
+        if let Some(c) = &self.backpressure {
+            c.add_backpressured(started.elapsed());
+        }
+        Ok(r)
+    }
+
+    /// An unaligned checkpoint's barrier, sent now, ahead of everything queued: on each
+    /// target's priority inbox, with the count of messages already in the channel and,
+    /// carried along, everything produced but not yet in it (the overflow, then the pending
+    /// batch). Afterwards nothing waits: the sender is unblocked at once.
+    pub fn unaligned_barrier(&mut self, id: CheckpointId) -> Result<(), Disconnected> {
+        for e in self.edges.iter_mut().filter(|e| !e.ended) {
+            for (t, (inbox, input)) in e.priority.iter().enumerate() {
+                let mut carried: Vec<Message> = e.overflow[t].drain(..).collect();
+                if !e.pending[t].is_empty() {
+                    carried.push(Message::Data(e.pending[t].take()));
+                }
+                let p = Priority { input: *input, id, sent: e.sent[t], carried };
+                inbox.send(p).map_err(|_| Disconnected)?;
+            }
         }
         Ok(())
     }
@@ -236,5 +418,77 @@ impl Emit for Output {
 
     fn flush(&mut self) -> Result<(), Disconnected> {
         Output::flush(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::{bounded, unbounded};
+
+    fn value(m: &Message) -> Vec<u8> {
+        match m {
+            Message::Data(b) => b.iter().next().expect("one record").value.to_vec(),
+            other => panic!("not data: {other:?}"),
+        }
+    }
+
+    fn emit(out: &mut Output, v: u8) {
+        out.emit(RecordRef { tag: 0, timestamp: 0, key: b"k", value: &[v] }).unwrap();
+    }
+
+    /// Unaligned: a full channel does not block `emit`; what does not fit waits in order, and
+    /// a barrier takes it along (after the channel's count), leaving nothing waiting.
+    #[test]
+    fn unaligned_a_full_channel_holds_output_back_and_the_barrier_carries_it() {
+        let (tx, rx) = bounded(1);
+        let (inbox, barriers) = unbounded();
+        let edge = EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0).unaligned(vec![(inbox, 3)]);
+        let mut out = Output::new(vec![edge], 1, 1 << 20);
+        assert!(out.is_unaligned());
+        for v in 1..=3 {
+            emit(&mut out, v);
+        }
+        assert!(out.blocked(), "records 2 and 3 wait for room");
+        out.unaligned_barrier(CheckpointId(7)).unwrap();
+        let p = barriers.try_recv().expect("the barrier went to the priority inbox");
+        assert_eq!((p.input, p.id, p.sent), (3, CheckpointId(7), 1), "one message was in the channel before it");
+        assert_eq!(p.carried.iter().map(value).collect::<Vec<_>>(), vec![vec![2], vec![3]]);
+        assert!(!out.blocked());
+        assert_eq!(value(&rx.try_recv().unwrap()), vec![1]);
+        assert!(rx.try_recv().is_err(), "the carried records never enter the channel");
+    }
+
+    /// What waits moves into the channel, in order, as room appears; the count the next
+    /// barrier carries includes it.
+    #[test]
+    fn unaligned_waiting_output_drains_in_order_as_room_appears() {
+        let (tx, rx) = bounded(1);
+        let (inbox, barriers) = unbounded();
+        let edge = EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0).unaligned(vec![(inbox, 0)]);
+        let mut out = Output::new(vec![edge], 1, 1 << 20);
+        for v in 1..=3 {
+            emit(&mut out, v);
+        }
+        let wait = Duration::from_millis(1);
+        assert!(matches!(out.drain(None, None, wait).unwrap(), Drained::Timeout), "no room yet");
+        let mut got = vec![value(&rx.try_recv().unwrap())];
+        while out.blocked() {
+            assert!(matches!(out.drain(None, None, wait).unwrap(), Drained::Progress));
+            got.push(value(&rx.try_recv().unwrap()));
+        }
+        assert_eq!(got, vec![vec![1], vec![2], vec![3]]);
+        out.unaligned_barrier(CheckpointId(1)).unwrap();
+        assert_eq!(barriers.try_recv().unwrap().sent, 3);
+    }
+
+    /// Aligned (no priority inboxes): nothing ever waits outside the channel.
+    #[test]
+    fn aligned_output_is_never_blocked_outside_its_channels() {
+        let (tx, rx) = bounded(4);
+        let mut out = Output::new(vec![EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0)], 1, 1 << 20);
+        emit(&mut out, 1);
+        assert!(!out.is_unaligned() && !out.blocked());
+        assert_eq!(value(&rx.try_recv().unwrap()), vec![1]);
     }
 }

@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
-use crate::checkpoint::snapshot::SubtaskState;
+use crate::checkpoint::snapshot::{LoggedBatch, SubtaskState};
+use crate::checkpoint::unaligned::{UnalignOutcome, Unaligner};
 use crate::connectors::file_sink::{FileSink, write_line};
 use crate::connectors::kafka::sink::KafkaSink;
 use crate::connectors::postgres_sink::{PgSinkError, PostgresSink};
 use crate::connectors::throttle::Throttle;
 use crate::graph::logical::SinkFormat;
 use crate::ids::{CheckpointId, TaskId};
+use crate::record::Batch;
 use crate::runtime::control::{Control, Timing};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::input::{Inputs, Received};
@@ -23,6 +25,7 @@ use crate::runtime::message::Message;
 use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};
 use crate::runtime::participant::{self, Participant};
 use crate::runtime::source::kafka_failure;
+use crate::runtime::task::{PendingLog, Unaligned};
 use crate::runtime::termination::LoopTermination;
 
 /// Where a sink subtask writes.
@@ -74,6 +77,10 @@ pub struct SinkTask {
     pub aborted_early: Vec<CheckpointId>,
     /// `rate`: a slow sink.
     pub throttle: Option<Throttle>,
+    /// Records in flight at the restored checkpoint (unaligned checkpoints), written first.
+    pub replay: Vec<LoggedBatch>,
+    /// Aborts seen by `on_control`, for the run loop to apply (unaligned checkpoints).
+    pub aborted: Vec<CheckpointId>,
 }
 
 fn io_failure(task: &TaskId, what: &str, e: std::io::Error) -> TaskFailure {
@@ -159,6 +166,7 @@ impl SinkTask {
                 if aligner.on_cancel(id) {
                     *align_started = None;
                 }
+                self.aborted.push(id);
                 let seen = match &mut self.writer {
                     SinkWriter::Postgres(pg) => pg.abort(id).map_err(|e| pg_failure(&self.id, e))?,
                     SinkWriter::Kafka(k) => k.abort(id).map_err(|e| kafka_failure(&self.id, e))?,
@@ -219,15 +227,106 @@ impl SinkTask {
         r
     }
 
+    /// Writes a batch that came from `input` (`None`: replayed from a checkpoint).
+    fn write(&mut self, input: Option<usize>, batch: &Batch) -> Result<(), TaskFailure> {
+        match &mut self.writer {
+            SinkWriter::File(f) => {
+                for r in batch.iter() {
+                    f.write(r).map_err(|e| io_failure(&self.id, "writing output", e))?;
+                }
+            }
+            SinkWriter::Stdout(format) => {
+                let stdout = std::io::stdout();
+                let mut lock = stdout.lock();
+                for r in batch.iter() {
+                    write_line(&mut lock, *format, r).map_err(|e| io_failure(&self.id, "writing output", e))?;
+                }
+                let _ = lock.flush();
+            }
+            SinkWriter::Postgres(p) => {
+                let origin = input.and_then(|i| self.inputs.origin(i));
+                let name = |i: u32| {
+                    let rec = batch.iter().nth(i as usize).expect("an index of the batch");
+                    crate::runtime::failed_record::describe(i, &rec, origin)
+                };
+                p.write(batch, name).map_err(|e| pg_failure(&self.id, e))?;
+            }
+            SinkWriter::Kafka(k) => k.write(batch).map_err(|e| kafka_failure(&self.id, e))?,
+            SinkWriter::Blackhole(None) => {}
+            SinkWriter::Blackhole(Some(l)) => l.record_batch(batch.iter().map(|r| r.timestamp)),
+        }
+        Ok(())
+    }
+
+    /// Carries out an unaligned checkpoint's decision on a barrier delivered on `input`;
+    /// returns whether `Stop` arrived meanwhile.
+    fn unaligned_outcome(
+        &mut self,
+        un: &mut Unaligned,
+        input: usize,
+        o: UnalignOutcome,
+        aligner: &mut Aligner,
+        align_started: &mut Option<Instant>,
+    ) -> Result<bool, TaskFailure> {
+        let complete = match o {
+            UnalignOutcome::Obsolete => return Ok(false),
+            UnalignOutcome::Delivered { complete } => complete,
+            UnalignOutcome::Start { id, declined, complete } => {
+                Unaligned::decline(declined, id, self.checkpoints.as_mut());
+                if self.settle(aligner, align_started)? {
+                    return Ok(true);
+                }
+                if let Some(i) = self.aborted_early.iter().position(|a| *a == id) {
+                    // Aborted before its barrier got here: nothing to pre-commit or log.
+                    self.aborted_early.drain(..=i);
+                    un.u.on_cancel(id);
+                    return Ok(false);
+                }
+                let t0 = Instant::now();
+                let state = Self::precommit(&mut self.writer, &self.id, id)?;
+                let timing = Timing { align_ms: 0.0, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
+                un.pending = Some(PendingLog::new(id, state, timing));
+                complete
+            }
+        };
+        if let Some(p) = un.pending.as_mut() {
+            for b in self.inputs.front_batches(input) {
+                p.log(0, b);
+            }
+        }
+        if complete {
+            self.finish_unaligned(un);
+        }
+        Ok(false)
+    }
+
+    /// Every input delivered the open unaligned checkpoint's barrier: the pre-committed state
+    /// and the records in flight go to the writer.
+    fn finish_unaligned(&mut self, un: &mut Unaligned) {
+        un.finish(&self.metrics, self.checkpoints.as_mut());
+    }
+
     fn run_inner(&mut self) -> Result<(), TaskFailure> {
-        let stdout = std::io::stdout();
+        // Records in flight at the restored checkpoint are written first.
+        for lb in std::mem::take(&mut self.replay) {
+            let batch = Batch::from_validated(lb.bytes, lb.records);
+            self.write(None, &batch)?;
+        }
         let mut aligner = Aligner::new(self.inputs.len());
         let mut align_started: Option<Instant> = None;
+        let mut una =
+            self.inputs.priority().is_some().then(|| Unaligned { u: Unaligner::new(self.inputs.len()), pending: None });
         loop {
             let control = self.checkpoints.as_ref().map(|p| p.control.clone());
             let parked = |i: usize| aligner.is_parked(i);
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskFailure::Cancelled { task: self.id.clone() });
+            }
+            for id in self.aborted.drain(..) {
+                if let Some(un) = una.as_mut() {
+                    un.u.on_cancel(id);
+                    un.pending.take_if(|p| p.id == id);
+                }
             }
             let waited = std::time::Instant::now();
             let received = self.inputs.recv(Some(Duration::from_millis(50)), &parked, control.as_ref());
@@ -243,37 +342,38 @@ impl SinkTask {
                 }
                 Received::Message(input, Message::Data(batch)) => {
                     self.counters.add_in(batch.len() as u64, batch.byte_len() as u64);
+                    if let Some(un) = una.as_mut()
+                        && un.u.must_log(input)
+                        && let Some(p) = un.pending.as_mut()
+                    {
+                        // In flight across an unaligned checkpoint: its input's barrier has
+                        // not come yet.
+                        p.log(0, &batch);
+                    }
                     if let Some(t) = &mut self.throttle {
                         t.hold(batch.len(), &self.cancel);
                     }
-                    match &mut self.writer {
-                        SinkWriter::File(f) => {
-                            for r in batch.iter() {
-                                f.write(r).map_err(|e| io_failure(&self.id, "writing output", e))?;
-                            }
-                        }
-                        SinkWriter::Stdout(format) => {
-                            let mut lock = stdout.lock();
-                            for r in batch.iter() {
-                                write_line(&mut lock, *format, r)
-                                    .map_err(|e| io_failure(&self.id, "writing output", e))?;
-                            }
-                            let _ = lock.flush();
-                        }
-                        SinkWriter::Postgres(p) => {
-                            let origin = self.inputs.origin(input);
-                            let name = |i: u32| {
-                                let rec = batch.iter().nth(i as usize).expect("an index of the batch");
-                                crate::runtime::failed_record::describe(i, &rec, origin)
-                            };
-                            p.write(&batch, name).map_err(|e| pg_failure(&self.id, e))?;
-                        }
-                        SinkWriter::Kafka(k) => k.write(&batch).map_err(|e| kafka_failure(&self.id, e))?,
-                        SinkWriter::Blackhole(None) => {}
-                        SinkWriter::Blackhole(Some(l)) => l.record_batch(batch.iter().map(|r| r.timestamp)),
-                    }
+                    self.write(Some(input), &batch)?;
                     if let Some(t) = &self.termination {
                         t.account(0, batch.len() as u64);
+                    }
+                }
+                Received::Marker(input, id) => {
+                    if let Some(mut un) = una.take() {
+                        let o = un.u.on_barrier(input, id);
+                        let r = self.unaligned_outcome(&mut un, input, o, &mut aligner, &mut align_started);
+                        una = Some(un);
+                        if r? {
+                            return Ok(());
+                        }
+                    }
+                }
+                Received::Message(i, Message::EndOfStream) if una.is_some() => {
+                    self.inputs.finish(i);
+                    if let Some(un) = una.as_mut()
+                        && un.u.on_end_of_stream(i).is_some()
+                    {
+                        self.finish_unaligned(un);
                     }
                 }
                 Received::Message(i, Message::Watermark(wm)) => {

@@ -17,7 +17,7 @@ use crate::runtime::control::{Control, Timing};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::message::Message;
 use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};
-use crate::runtime::output::Output;
+use crate::runtime::output::{Drained, Output};
 use crate::runtime::participant::Participant;
 use crate::runtime::termination::LoopTermination;
 
@@ -146,8 +146,13 @@ impl SourceTask {
                 {
                     k.on_barrier(id.0, partitions.clone());
                 }
-                self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
-                self.output.flush().map_err(|_| self.disconnected())?;
+                if self.output.is_unaligned() {
+                    // Ahead of everything queued, carrying what waits for room.
+                    self.output.unaligned_barrier(id).map_err(|_| self.disconnected())?;
+                } else {
+                    self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
+                    self.output.flush().map_err(|_| self.disconnected())?;
+                }
                 if let Some(p) = self.checkpoints.as_mut() {
                     p.submit(id, state, Timing::default());
                 }
@@ -225,7 +230,34 @@ impl SourceTask {
                 return Ok(Flow::Stop);
             }
             self.output.flush().map_err(|_| self.disconnected())?;
+            if let Flow::Stop = self.drain_output()? {
+                return Ok(Flow::Stop);
+            }
             std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Waits until the output held back for room has gone out (unaligned checkpoints),
+    /// answering coordinator messages meanwhile: a trigger's barrier overtakes it.
+    fn drain_output(&mut self) -> Result<Flow, TaskFailure> {
+        while self.output.blocked() {
+            let control = self.checkpoints.as_ref().map(|p| p.control.clone());
+            let got = self
+                .output
+                .drain(None, control.as_ref(), std::time::Duration::from_millis(50))
+                .map_err(|_| self.disconnected())?;
+            match got {
+                Drained::Control(c) => {
+                    if let Flow::Stop = self.on_control(c)? {
+                        return Ok(Flow::Stop);
+                    }
+                }
+                Drained::Timeout if self.cancel.load(Ordering::Relaxed) => {
+                    return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                }
+                Drained::Timeout | Drained::Progress | Drained::Priority(_) => {}
+            }
         }
         Ok(Flow::Go)
     }
@@ -284,6 +316,9 @@ impl SourceTask {
             if let Some(t) = &self.termination {
                 t.account(self.output.take_copies(), 0);
             }
+            if let Flow::Stop = self.drain_output()? {
+                return Ok(());
+            }
             let Some(n) = n else { break };
             if n == 0 {
                 continue;
@@ -307,6 +342,9 @@ impl SourceTask {
             return Ok(());
         }
         self.output.broadcast(|| Message::EndOfStream).map_err(|_| self.disconnected())?;
+        if let Flow::Stop = self.drain_output()? {
+            return Ok(());
+        }
         if let Some(t) = &self.termination {
             t.source_finished();
         }
@@ -314,7 +352,14 @@ impl SourceTask {
         let final_state = std::sync::Arc::new(self.state());
         let (id, cancel) = (self.id.clone(), self.cancel.clone());
         let reader = std::cell::RefCell::new(&mut self.reader);
+        let output = std::cell::RefCell::new(&mut self.output);
         let state = |c: crate::ids::CheckpointId| {
+            // Unaligned checkpoints: the barrier overtakes the output still queued, so the
+            // subtasks downstream need not wait for it to drain (one that ended takes none).
+            let mut out = output.borrow_mut();
+            if out.is_unaligned() {
+                let _ = out.unaligned_barrier(c);
+            }
             if let (SourceReader::Kafka(k), Some(SourcePosition::Kafka { partitions })) =
                 (&mut **reader.borrow_mut(), &final_state.source)
             {

@@ -300,6 +300,8 @@ fn sink(cx: &Context<'_>, n: &Node, kind: &SinkKind, s: u32, parts: Parts) -> Re
             SinkKind::File { rate, .. } | SinkKind::Blackhole { rate, .. } => rate.map(Throttle::new),
             _ => None,
         },
+        replay: restored.map(|st| st.backedge_log).unwrap_or_default(),
+        aborted: Vec::new(),
     }))
 }
 

@@ -16,6 +16,7 @@ use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
 use crate::checkpoint::evidence::GroupLedger;
 use crate::checkpoint::snapshot::LoggedBatch;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
+use crate::checkpoint::unaligned::{UnalignOutcome, Unaligner};
 use crate::graph::logical::Side;
 use crate::ids::{CheckpointId, TaskId};
 use crate::operator::{OperatorFactory, OperatorLogic};
@@ -28,7 +29,7 @@ use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::input::{Inputs, Received};
 use crate::runtime::message::Message;
 use crate::runtime::metrics::{NodeMetrics, SubtaskMetrics};
-use crate::runtime::output::{Disconnected, Output};
+use crate::runtime::output::{Disconnected, Drained, Output};
 use crate::runtime::participant::{self, Participant};
 use crate::runtime::query::StateQuery;
 use crate::runtime::termination::LoopTermination;
@@ -96,22 +97,28 @@ pub struct OperatorTask {
     pub dead_letter: Option<u32>,
 }
 
-/// A loop head's checkpoint in progress: the state copied at alignment and the back-edge
-/// records logged since.
-struct PendingHead {
-    id: CheckpointId,
-    state: SubtaskState,
+/// A checkpoint in progress whose in-flight records are still being logged: a loop head's
+/// (the state copied at alignment, the back-edge records since) or an unaligned one's (the
+/// state copied at the first barrier, the records in flight on the other inputs).
+pub(crate) struct PendingLog {
+    pub(crate) id: CheckpointId,
+    pub(crate) state: SubtaskState,
     log: Vec<LoggedBatch>,
-    timing: Timing,
+    pub(crate) timing: Timing,
     /// The job's in-flight budget: the log's bytes count against `max_feedback_mb` until
     /// the log is handed to the writer or dropped.
     budget: Option<Arc<FeedbackBudget>>,
     log_bytes: u64,
 }
 
-impl PendingHead {
+impl PendingLog {
+    /// The state copied for `id`, with nothing logged yet and no budget to charge.
+    pub(crate) fn new(id: CheckpointId, state: SubtaskState, timing: Timing) -> Self {
+        PendingLog { id, state, log: Vec::new(), timing, budget: None, log_bytes: 0 }
+    }
+
     /// Keeps a batch that was in transit on a back-edge, charging it to the budget.
-    fn log(&mut self, side: u8, batch: &Batch) {
+    pub(crate) fn log(&mut self, side: u8, batch: &Batch) {
         let bytes = batch.as_bytes().to_vec();
         self.log_bytes += bytes.len() as u64;
         if let Some(b) = &self.budget {
@@ -121,7 +128,7 @@ impl PendingHead {
     }
 
     /// The log, handed on: its bytes leave the budget.
-    fn take_log(&mut self) -> Vec<LoggedBatch> {
+    pub(crate) fn take_log(&mut self) -> Vec<LoggedBatch> {
         if let Some(b) = &self.budget {
             b.sub(std::mem::take(&mut self.log_bytes));
         }
@@ -129,7 +136,7 @@ impl PendingHead {
     }
 }
 
-impl Drop for PendingHead {
+impl Drop for PendingLog {
     fn drop(&mut self) {
         if let Some(b) = &self.budget {
             b.sub(self.log_bytes);
@@ -137,10 +144,39 @@ impl Drop for PendingHead {
     }
 }
 
+/// Extra state of a task under unaligned checkpoints.
+pub(crate) struct Unaligned {
+    pub(crate) u: Unaligner,
+    pub(crate) pending: Option<PendingLog>,
+}
+
+impl Unaligned {
+    /// Declines `old`, superseded here by checkpoint `id`.
+    pub(crate) fn decline(old: Option<CheckpointId>, id: CheckpointId, participant: Option<&mut Participant>) {
+        if let (Some(old), Some(p)) = (old, participant) {
+            p.decline(old, format!("the barrier of checkpoint {id} arrived before checkpoint {old} was complete here"));
+        }
+    }
+
+    /// Every input delivered the open checkpoint's barrier: the state copied at the first one
+    /// and the records in flight go to the writer.
+    pub(crate) fn finish(&mut self, metrics: &NodeMetrics, participant: Option<&mut Participant>) {
+        if let Some(mut p) = self.pending.take() {
+            let mut state = std::mem::take(&mut p.state);
+            state.backedge_log = p.take_log();
+            let records: u64 = state.backedge_log.iter().map(|b| b.records as u64).sum();
+            metrics.inflight_logged.fetch_add(records, Ordering::Relaxed);
+            if let Some(part) = participant {
+                part.submit(p.id, state, p.timing);
+            }
+        }
+    }
+}
+
 /// Extra state of a task with feedback inputs (a loop head).
 struct Head {
     lh: LoopHead,
-    pending: Option<PendingHead>,
+    pending: Option<PendingLog>,
     align_started: Option<Instant>,
     loop_closed: bool,
 }
@@ -796,6 +832,64 @@ impl OperatorTask {
         Ok(())
     }
 
+    /// Waits for room for the output held back (unaligned checkpoints), or for a barrier or a
+    /// control message meanwhile: returns what to handle, or `None` to look again.
+    fn drain_output(
+        &mut self,
+        control: Option<&crossbeam_channel::Receiver<Control>>,
+    ) -> Result<Option<Received>, TaskFailure> {
+        let inbox = self.inputs.priority();
+        let got =
+            self.output.drain(inbox.as_ref(), control, Duration::from_millis(50)).map_err(|d| self.disconnected(d))?;
+        Ok(match got {
+            Drained::Progress => None,
+            Drained::Timeout => {
+                if self.cancel.load(Ordering::Relaxed) {
+                    return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                }
+                None
+            }
+            Drained::Priority(p) => Some(self.inputs.accept(p)),
+            Drained::Control(c) => Some(Received::Control(c)),
+        })
+    }
+
+    /// Carries out an unaligned checkpoint's decision on a barrier delivered on `input`.
+    fn unaligned_outcome(&mut self, un: &mut Unaligned, input: usize, o: UnalignOutcome) -> Result<(), TaskFailure> {
+        let complete = match o {
+            UnalignOutcome::Obsolete => return Ok(()),
+            UnalignOutcome::Delivered { complete } => complete,
+            UnalignOutcome::Start { id, declined, complete } => {
+                Unaligned::decline(declined, id, self.checkpoints.as_mut());
+                // Downstream can start at once: the barrier goes ahead of the queued output.
+                self.output.unaligned_barrier(id).map_err(|d| self.disconnected(d))?;
+                let t0 = Instant::now();
+                let state = self.snapshot_state(id)?;
+                let timing = Timing { align_ms: 0.0, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
+                un.pending = Some(PendingLog::new(id, state, timing));
+                self.fault_at_barrier(id)?;
+                complete
+            }
+        };
+        // The input's records in flight across its sender's snapshot, queued before the barrier.
+        if let Some(p) = un.pending.as_mut() {
+            let side = if self.inputs.side(input) == Side::Right { 1 } else { 0 };
+            for b in self.inputs.front_batches(input) {
+                p.log(side, b);
+            }
+        }
+        if complete {
+            self.finish_unaligned(un);
+        }
+        Ok(())
+    }
+
+    /// Every input delivered the open unaligned checkpoint's barrier: its state and log go to
+    /// the writer.
+    fn finish_unaligned(&mut self, un: &mut Unaligned) {
+        un.finish(&self.metrics, self.checkpoints.as_mut());
+    }
+
     /// Carries out a loop head's checkpoint decision.
     fn head_outcome(&mut self, h: &mut Head, o: HeadOutcome) -> Result<(), TaskFailure> {
         match o {
@@ -812,7 +906,7 @@ impl OperatorTask {
                 let state = self.snapshot_state(id)?;
                 let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
                 let budget = self.inputs.feedback_budget();
-                h.pending = Some(PendingHead { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
+                h.pending = Some(PendingLog { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
                 self.fault_at_barrier(id)?;
                 if let Some(c) = h.lh.complete_now() {
                     self.head_outcome(h, HeadOutcome::Complete(c))?;
@@ -868,6 +962,8 @@ impl OperatorTask {
         });
         let mut aligner = Aligner::new(self.inputs.len());
         let mut align_started: Option<Instant> = None;
+        let mut una =
+            self.inputs.priority().is_some().then(|| Unaligned { u: Unaligner::new(self.inputs.len()), pending: None });
         loop {
             let control = self.checkpoints.as_ref().map(|p| p.control.clone());
             let is_parked = |head: &Option<Head>, aligner: &Aligner, i: usize| match head {
@@ -876,6 +972,12 @@ impl OperatorTask {
             };
             let mut received = match self.deferred.pop_front() {
                 Some(c) => Received::Control(c),
+                // Output waits for room (unaligned checkpoints): no input is read meanwhile,
+                // but barriers and control messages are.
+                None if self.output.blocked() => match self.drain_output(control.as_ref())? {
+                    Some(r) => r,
+                    None => continue,
+                },
                 None => self.inputs.recv(None, &|i| is_parked(&head, &aligner, i), control.as_ref()),
             };
             if matches!(received, Received::Idle) {
@@ -901,7 +1003,7 @@ impl OperatorTask {
                 if self.draining.is_some() {
                     // Nothing to process: pull the snapshot's next chunk instead of waiting.
                     self.drain_step()?;
-                } else {
+                } else if !self.output.blocked() {
                     let idle = Instant::now();
                     received = self.inputs.recv(
                         Some(Duration::from_millis(wait)),
@@ -942,6 +1044,10 @@ impl OperatorTask {
                         if aligner.on_cancel(id) {
                             align_started = None;
                         }
+                        if let Some(un) = una.as_mut() {
+                            un.u.on_cancel(id);
+                            un.pending.take_if(|p| p.id == id);
+                        }
                         if let Some(h) = head.as_mut() {
                             h.lh.on_cancel(id);
                             if h.pending.as_ref().is_some_and(|p| p.id == id) {
@@ -977,6 +1083,14 @@ impl OperatorTask {
                         let s = if side == Side::Right { 1 } else { 0 };
                         p.log(s, &batch);
                     }
+                    if let Some(un) = una.as_mut()
+                        && un.u.must_log(i)
+                        && let Some(p) = un.pending.as_mut()
+                    {
+                        // In flight across an unaligned checkpoint: its input's barrier has
+                        // not come yet.
+                        p.log(if side == Side::Right { 1 } else { 0 }, &batch);
+                    }
                     self.process_batch(i, side, batch)?;
                     self.account(n);
                     self.fire_processing_timers()?;
@@ -1005,6 +1119,24 @@ impl OperatorTask {
                         participant::on_barrier(&mut aligner, &mut align_started, self.checkpoints.as_mut(), i, id)
                     {
                         self.checkpoint(id, started)?;
+                    }
+                }
+                Received::Marker(i, id) => {
+                    if let Some(un) = una.as_mut() {
+                        let o = un.u.on_barrier(i, id);
+                        self.unaligned_outcome(un, i, o)?;
+                    }
+                }
+                Received::Message(i, Message::EndOfStream) if una.is_some() => {
+                    self.inputs.finish(i);
+                    if let Some(un) = una.as_mut()
+                        && un.u.on_end_of_stream(i).is_some()
+                    {
+                        self.finish_unaligned(un);
+                    }
+                    if let Some(wm) = self.inputs.advance() {
+                        self.advance_watermark(wm)?;
+                        self.account(0);
                     }
                 }
                 Received::Message(i, Message::EndOfStream) => {
@@ -1046,8 +1178,20 @@ impl OperatorTask {
         }
         let mut early: Vec<Control> = self.deferred.drain(..).collect();
         loop {
-            let next =
-                if early.is_empty() { control.recv_timeout(Duration::from_millis(50)) } else { Ok(early.remove(0)) };
+            let next = if !early.is_empty() {
+                Ok(early.remove(0))
+            } else if self.output.blocked() {
+                // The output (its end of stream last) still waits for room (unaligned
+                // checkpoints): keep moving it while answering the coordinator.
+                match self.output.drain(None, Some(&control), Duration::from_millis(50)) {
+                    Ok(Drained::Control(c)) => Ok(c),
+                    Ok(Drained::Timeout) => Err(crossbeam_channel::RecvTimeoutError::Timeout),
+                    Ok(Drained::Progress | Drained::Priority(_)) => continue,
+                    Err(d) => return Err(self.disconnected(d)),
+                }
+            } else {
+                control.recv_timeout(Duration::from_millis(50))
+            };
             let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
             match next {
                 Ok(Control::Trigger(c)) => {
@@ -1096,8 +1240,15 @@ impl OperatorTask {
     }
 
     /// Checkpoint `c` after the input ended: a snapshot like at a barrier, drained at once.
+    /// With unaligned checkpoints its barrier goes downstream too, ahead of the output still
+    /// queued (carrying what waits for room, the end of stream included), so the subtasks
+    /// downstream need not wait for it to drain.
     fn final_snapshot(&mut self, c: CheckpointId) -> Result<(), TaskFailure> {
         self.snapshot_streaming(c, 0.0)?;
+        if self.output.is_unaligned() {
+            // A subtask downstream that has ended takes no barrier any more: that is fine.
+            let _ = self.output.unaligned_barrier(c);
+        }
         self.drain_all()
     }
 
@@ -1140,7 +1291,7 @@ mod tests {
         let mut batch = Batch::default();
         batch.push(0, 0, b"k", &[7u8; 1000]);
         let one = batch.as_bytes().len() as u64;
-        let pending = |budget: &Arc<FeedbackBudget>| PendingHead {
+        let pending = |budget: &Arc<FeedbackBudget>| PendingLog {
             id: CheckpointId(1),
             state: SubtaskState::default(),
             log: Vec::new(),
