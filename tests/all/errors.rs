@@ -375,7 +375,7 @@ fn a_sink_rate_of_zero_or_on_a_sink_that_cannot_throttle_is_refused_naming_the_l
 }
 
 #[test]
-fn unaligned_checkpoints_refuse_an_unknown_alignment_and_loops_naming_the_line() {
+fn unaligned_checkpoints_refuse_an_unknown_alignment_and_concurrent_checkpoints_naming_the_line() {
     let with = |alignment: &str| {
         good_job().replace(
             "[[source]]",
@@ -385,10 +385,7 @@ fn unaligned_checkpoints_refuse_an_unknown_alignment_and_loops_naming_the_line()
     let e = validate_fails(&with("sideways"), |_| {});
     assert!(e.contains("[checkpoint] alignment must be \"aligned\" or \"unaligned\", got \"sideways\""), "{e}");
     assert!(e.contains("job.toml:"), "{e}");
-    let looped = with("unaligned").replace(
-        "inputs = [{ from = \"gen\", partition = \"hash\" }]",
-        "inputs = [{ from = \"gen\", partition = \"hash\" }, { from = \"count\", partition = \"hash\", feedback = true }]",
-    );
-    let e = validate_fails(&looped, |_| {});
-    assert!(e.contains("not supported for jobs with loops") && e.contains("`count` to `count`"), "{e}");
+    let concurrent = with("unaligned").replace("alignment =", "max_concurrent = 2\nalignment =");
+    let e = validate_fails(&concurrent, |_| {});
+    assert!(e.contains("max_concurrent = 2 with alignment = \"unaligned\"") && e.contains("one at a time"), "{e}");
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use weir::checkpoint::storage;
 
+use crate::cycles::{check_loop_exactly_once, oracle_job};
 use crate::exactly_once::{Topology, check_topology, parallel, two_input};
 use crate::savepoints::{start, wait_records};
 use crate::support::{committed_lines, component, scratch, toml_path};
@@ -22,6 +23,19 @@ fn unaligned_exactly_once_at_parallelism_three_under_seeded_failures() {
 #[test]
 fn unaligned_exactly_once_with_a_two_input_operator_under_seeded_failures() {
     check_topology(Topology { name: "un-join", unaligned: Some(5_000), ..two_input() }, 1);
+}
+
+/// A loop (a hash back-edge across two subtasks) whose output sink runs slower than its
+/// sources: Chandy–Lamport's snapshot at the first barrier on any input, back-edges logged
+/// like every other input until their barrier returns.
+#[test]
+fn unaligned_a_loop_stays_exactly_once_under_seeded_failures() {
+    let toml = oracle_job(3, 4, 12_000)
+        .replace("rate = 20000\n", "rate = 8000\n")
+        .replace("retained = 2\n", "retained = 2\nalignment = \"unaligned\"\n")
+        .replace("path = \"done\"\n", "path = \"done\"\nrate = 6000\n");
+    assert!(toml.contains("alignment = \"unaligned\"") && toml.contains("rate = 6000"));
+    check_loop_exactly_once(&toml, 12_000);
 }
 
 const COUNT: u64 = 24_000;

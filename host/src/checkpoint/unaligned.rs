@@ -107,6 +107,19 @@ impl Unaligner {
         }
     }
 
+    /// Checkpoint `id` was triggered at a task none of whose open inputs can deliver its
+    /// barrier first (a loop head whose regular inputs ended: only its back-edges are open,
+    /// and they return what it sends): start now, every open input still to deliver.
+    pub fn on_trigger(&mut self, id: CheckpointId) -> UnalignOutcome {
+        if self.last.is_some_and(|l| id <= l) || self.current.is_some_and(|c| id <= c) {
+            return UnalignOutcome::Obsolete;
+        }
+        let declined = self.current.inspect(|c| self.last = Some(*c));
+        self.current = Some(id);
+        self.delivered.clone_from(&self.ended);
+        UnalignOutcome::Start { id, declined, complete: self.try_finish() }
+    }
+
     /// `input` ended; returns the open checkpoint if that completed it.
     pub fn on_end_of_stream(&mut self, input: usize) -> Option<CheckpointId> {
         self.ended[input] = true;
@@ -170,6 +183,25 @@ mod tests {
         assert!(u.must_log(0) && !u.must_log(1));
         assert_eq!(u.on_barrier(0, C1), UnalignOutcome::Obsolete, "the declined checkpoint's late barrier");
         assert_eq!(u.on_barrier(0, C2), UnalignOutcome::Delivered { complete: true });
+    }
+
+    #[test]
+    fn unaligned_a_trigger_starts_a_checkpoint_every_open_input_still_delivers() {
+        let mut u = Unaligner::new(2);
+        u.on_end_of_stream(0);
+        assert_eq!(u.on_trigger(C1), UnalignOutcome::Start { id: C1, declined: None, complete: false });
+        assert!(u.must_log(1) && !u.must_log(0));
+        assert_eq!(u.on_trigger(C1), UnalignOutcome::Obsolete, "already open");
+        assert_eq!(u.on_barrier(1, C1), UnalignOutcome::Delivered { complete: true });
+        assert_eq!(u.on_trigger(C1), UnalignOutcome::Obsolete, "already complete");
+        assert_eq!(u.on_trigger(C2), UnalignOutcome::Start { id: C2, declined: None, complete: false });
+        let c3 = CheckpointId(3);
+        assert_eq!(u.on_trigger(c3), UnalignOutcome::Start { id: c3, declined: Some(C2), complete: false });
+        u.on_end_of_stream(1);
+        assert_eq!(
+            u.on_trigger(CheckpointId(4)),
+            UnalignOutcome::Start { id: CheckpointId(4), declined: None, complete: true }
+        );
     }
 
     #[test]

@@ -484,7 +484,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 }
             };
             let (dir, remote) = checkpoint_dir(cx, c)?;
-            let alignment = alignment(cx, c, &nodes, &edges)?;
+            let alignment = alignment(cx, c)?;
             Some(CheckpointConfig {
                 dir,
                 remote,
@@ -749,15 +749,8 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
     Ok(())
 }
 
-/// `[checkpoint] alignment`. Unaligned checkpoints are refused where their in-flight records
-/// could not be written and replayed yet: jobs with loops (whose heads log back-edges their
-/// own way).
-fn alignment(
-    cx: &Ctx<'_>,
-    c: &crate::job::spec::CheckpointSpec,
-    nodes: &[Node],
-    edges: &[Edge],
-) -> Result<crate::graph::logical::Alignment, JobError> {
+/// `[checkpoint] alignment`.
+fn alignment(cx: &Ctx<'_>, c: &crate::job::spec::CheckpointSpec) -> Result<crate::graph::logical::Alignment, JobError> {
     use crate::graph::logical::Alignment;
     let Some(a) = &c.alignment else { return Ok(Alignment::Aligned) };
     let alignment = match a.get_ref().as_str() {
@@ -770,15 +763,14 @@ fn alignment(
             );
         }
     };
-    if alignment == Alignment::Unaligned
-        && let Some(e) = edges.iter().find(|e| e.feedback)
-    {
+    if let Some(m) = c.max_concurrent.as_ref().filter(|m| *m.get_ref() > 1 && alignment == Alignment::Unaligned) {
+        // A barrier overtakes the previous checkpoint's records: one at a time (as in Flink).
         return cx.err(
-            a.span(),
+            m.span(),
             format!(
-                "[checkpoint] alignment = \"unaligned\" is not supported for jobs with loops yet (the back-edge from `{}` \
-                 to `{}`); use aligned checkpoints, whose loop heads log the back-edges",
-                nodes[e.from].id, nodes[e.to].id
+                "[checkpoint] max_concurrent = {} with alignment = \"unaligned\": unaligned checkpoints run one at a \
+                 time; remove max_concurrent",
+                m.get_ref()
             ),
         );
     }

@@ -42,8 +42,12 @@ pub struct InputChannel {
     done: bool,
     /// Messages taken off the channel so far.
     received: u64,
-    /// Messages to read before the channel (unaligned checkpoints).
-    front: VecDeque<Message>,
+    /// Messages to read before the channel (unaligned checkpoints), each with whether it
+    /// holds one of the channel's tokens (it came through the channel; carried ones did not).
+    front: VecDeque<(Message, bool)>,
+    /// Unaligned checkpoints: the channel's tokens, one given back per message handed on
+    /// (`runtime/output.rs`); none on back-edges.
+    tokens: Option<Receiver<()>>,
     /// How many of `front` were in flight at the barrier last delivered.
     in_flight: usize,
 }
@@ -63,6 +67,20 @@ impl InputChannel {
             received: 0,
             front: VecDeque::new(),
             in_flight: 0,
+            tokens: None,
+        }
+    }
+
+    /// Unaligned checkpoints: the channel's tokens.
+    pub fn tokens(mut self, tokens: Option<Receiver<()>>) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
+    /// A message that came through the channel is handed on: its token goes back.
+    fn release(&self) {
+        if let Some(t) = &self.tokens {
+            let _ = t.try_recv();
         }
     }
 
@@ -125,12 +143,14 @@ pub struct Inputs {
     watermark: i64,
     /// Unaligned checkpoints: where barriers arrive ahead of the channels.
     priority: Option<Receiver<Priority>>,
+    /// The front to look at first next time.
+    next_front: usize,
 }
 
 impl Inputs {
     /// Reads `channels`.
     pub fn new(channels: Vec<InputChannel>) -> Self {
-        Inputs { channels, watermark: i64::MIN, priority: None }
+        Inputs { channels, watermark: i64::MIN, priority: None, next_front: 0 }
     }
 
     /// Unaligned checkpoints: barriers arrive on `inbox`.
@@ -150,10 +170,17 @@ impl Inputs {
     fn taken(&mut self, i: usize, m: Message) -> Received {
         self.channels[i].took(&m);
         if let Some(p) = self.priority.as_ref().and_then(|r| r.try_recv().ok()) {
-            self.channels[i].front.push_back(m);
+            self.channels[i].front.push_back((m, true));
             return self.accept(p);
         }
+        self.channels[i].release();
         Received::Message(i, m)
+    }
+
+    /// Every input ended (or the subtask stops reading): barriers are no longer taken, so
+    /// the subtasks upstream stop sending them.
+    pub fn close_priority(&mut self) {
+        self.priority = None;
     }
 
     /// Delivers an unaligned barrier: input `p.input`'s messages up to the barrier move off
@@ -165,14 +192,14 @@ impl Inputs {
         // the barrier carried, and is not in flight.
         let beyond = c.received.saturating_sub(p.sent) as usize;
         let keep = c.front.len().saturating_sub(beyond);
-        let after: Vec<Message> = c.front.drain(keep..).collect();
+        let after: Vec<(Message, bool)> = c.front.drain(keep..).collect();
         while c.received < p.sent {
             // The sender put these in before it sent the barrier: they are there.
             let Ok(m) = c.rx.try_recv() else { return Received::Disconnected };
             c.took(&m);
-            c.front.push_back(m);
+            c.front.push_back((m, true));
         }
-        c.front.extend(p.carried);
+        c.front.extend(p.carried.into_iter().map(|m| (m, false)));
         c.in_flight = c.front.len();
         c.front.extend(after);
         Received::Marker(p.input, p.id)
@@ -182,7 +209,7 @@ impl Inputs {
     /// delivered (the front up to the barrier's position).
     pub fn front_batches(&self, index: usize) -> impl Iterator<Item = &Batch> {
         let c = &self.channels[index];
-        c.front.iter().take(c.in_flight).filter_map(|m| match m {
+        c.front.iter().take(c.in_flight).filter_map(|(m, _)| match m {
             Message::Data(b) => Some(b),
             _ => None,
         })
@@ -190,7 +217,7 @@ impl Inputs {
 
     /// Where the records of input `index` come from.
     pub fn origin(&self, index: usize) -> Option<&crate::runtime::failed_record::Origin> {
-        self.channels[index].origin.as_deref()
+        self.channels.get(index).and_then(|c| c.origin.as_deref())
     }
 
     /// The side of input `index`.
@@ -222,11 +249,20 @@ impl Inputs {
         if let Some(p) = self.priority.as_ref().and_then(|r| r.try_recv().ok()) {
             return self.accept(p);
         }
-        for (i, c) in self.channels.iter_mut().enumerate() {
+        // Fronts in turn, so no input's front starves another's.
+        let n = self.channels.len();
+        for k in 0..n {
+            let i = (self.next_front + k) % n;
+            let c = &mut self.channels[i];
             if !c.done
                 && !parked(i)
-                && let Some(m) = c.front.pop_front()
+                && let Some((m, token)) = c.front.pop_front()
             {
+                if token {
+                    c.release();
+                }
+                c.in_flight = c.in_flight.saturating_sub(1);
+                self.next_front = (i + 1) % n;
                 return Received::Message(i, m);
             }
         }
@@ -265,7 +301,12 @@ impl Inputs {
             drop(sel);
             return match got {
                 Ok(p) => self.accept(p),
-                Err(_) => Received::Disconnected,
+                // Every subtask upstream exited (a stop, or they all finished): no barrier
+                // can come any more.
+                Err(_) => {
+                    self.priority = None;
+                    Received::Idle
+                }
             };
         }
         let i = readable[op.index()];

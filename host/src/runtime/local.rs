@@ -313,6 +313,10 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
     let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
     let mut space: Vec<Option<Arc<tokio::sync::Notify>>> = vec![None; plan.channels.len()];
     let (inboxes, at_input) = priority_inboxes(g, plan, mine);
+    // Unaligned: each bounded channel's tokens (`runtime/output.rs`).
+    let tokens: Vec<Option<(Sender<()>, Receiver<()>)>> = (0..plan.channels.len())
+        .map(|ci| (!at_input.is_empty() && !plan.channels[ci].back).then(|| bounded(g.channel_capacity)))
+        .collect();
     for (ci, c) in plan.channels.iter().enumerate() {
         let e = &g.edges[c.edge];
         let (from_here, to_here) = (mine[plan.index_of(e.from, c.from)], mine[plan.index_of(e.to, c.to)]);
@@ -368,6 +372,7 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                     .from(origin)
                     .budget(c.back.then(|| budget.clone()))
                     .space(space[ci].take())
+                    .tokens(tokens[ci].as_ref().map(|(_, rx)| rx.clone()))
             })
             .collect();
         inputs.push(Inputs::new(ins).with_priority(inboxes[si].as_ref().map(|(_, rx)| rx.clone())));
@@ -391,6 +396,7 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                                 (inboxes[to].as_ref().expect("a receiver here has an inbox").0.clone(), input)
                             })
                             .collect(),
+                        channels.iter().map(|&ci| tokens[ci].as_ref().map(|(tx, _)| tx.clone())).collect(),
                     ),
                 }
             })

@@ -10,8 +10,14 @@
 //! does not fit waits in the target's overflow queue (in order, behind which nothing goes
 //! into the channel), the subtask reads no more input until [`Output::drain`] has emptied
 //! it, and a barrier that comes meanwhile takes the overflow and the pending batch with it
-//! ([`Output::unaligned_barrier`]). The overflow holds at most what one input batch (or one
-//! timer call) made the operator emit.
+//! ([`Output::unaligned_barrier`]). A target's overflow holds at most its channel's capacity
+//! in messages: beyond that the sender blocks as with aligned checkpoints (a guest that emits
+//! that much from one call waits, it does not grow host memory). The receiver moves records
+//! off a channel when a barrier overtakes them, so room in the channel is not room in the
+//! receiver: a message also takes one of the channel's **tokens** (a second bounded channel
+//! of the same capacity), which the receiver gives back only when it hands the message on.
+//! So a channel's records, wherever they wait on the receiving side, never exceed its
+//! capacity.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -48,6 +54,8 @@ pub struct EdgeOutput {
     sent: Vec<u64>,
     /// Per target: messages waiting for room in the channel (unaligned checkpoints).
     overflow: Vec<VecDeque<Message>>,
+    /// Per target: the channel's tokens (unaligned checkpoints; none on unbounded back-edges).
+    tokens: Vec<Option<Sender<()>>>,
 }
 
 impl EdgeOutput {
@@ -75,57 +83,90 @@ impl EdgeOutput {
             priority: Vec::new(),
             sent,
             overflow,
+            tokens: Vec::new(),
         }
     }
 
     /// Unaligned checkpoints: target `i`'s barriers go to `priority[i]` (the receiver's
     /// priority inbox, and its input index there); full channels no longer block.
-    pub fn unaligned(mut self, priority: Vec<(Sender<Priority>, usize)>) -> Self {
+    pub fn unaligned(mut self, priority: Vec<(Sender<Priority>, usize)>, tokens: Vec<Option<Sender<()>>>) -> Self {
         assert_eq!(priority.len(), self.targets.len(), "one priority inbox per target");
+        assert_eq!(tokens.len(), self.targets.len(), "tokens per target");
         self.priority = priority;
+        self.tokens = tokens;
         self
     }
 
     /// Puts `m` on target `index`'s channel: blocking while it is full (aligned), or behind
-    /// its overflow (unaligned).
+    /// its overflow (unaligned; blocking only while the overflow is at its bound).
     fn put(&mut self, index: usize, m: Message, counter: &Option<Arc<SubtaskMetrics>>) -> Result<(), Disconnected> {
         if self.priority.is_empty() {
             return send(&self.targets[index], m, counter);
         }
-        let queue = &mut self.overflow[index];
-        if !queue.is_empty() {
-            queue.push_back(m);
-            return Ok(());
+        if self.overflow[index].is_empty() {
+            match self.offer(index, m)? {
+                None => return Ok(()),
+                Some(m) => self.overflow[index].push_back(m),
+            }
+        } else {
+            self.overflow[index].push_back(m);
         }
-        match self.targets[index].try_send(m) {
+        let bound = self.targets[index].capacity().unwrap_or(usize::MAX);
+        while self.overflow[index].len() > bound {
+            self.force_one(index, counter)?;
+        }
+        Ok(())
+    }
+
+    /// Puts `m` into target `t`'s channel if it and its tokens have room now; else hands it
+    /// back.
+    fn offer(&mut self, t: usize, m: Message) -> Result<Option<Message>, Disconnected> {
+        if let Some(tokens) = &self.tokens[t] {
+            match tokens.try_send(()) {
+                Ok(()) => {}
+                Err(TrySendError::Full(())) => return Ok(Some(m)),
+                Err(TrySendError::Disconnected(())) => return Err(Disconnected),
+            }
+            // With a token, the channel has room (it holds no more than the tokens given out).
+            send(&self.targets[t], m, &None)?;
+            self.sent[t] += 1;
+            return Ok(None);
+        }
+        match self.targets[t].try_send(m) {
             Ok(()) => {
-                self.sent[index] += 1;
-                Ok(())
+                self.sent[t] += 1;
+                Ok(None)
             }
-            Err(TrySendError::Full(m)) => {
-                queue.push_back(m);
-                Ok(())
-            }
+            Err(TrySendError::Full(m)) => Ok(Some(m)),
             Err(TrySendError::Disconnected(_)) => Err(Disconnected),
         }
+    }
+
+    /// Moves the first waiting message of target `t` into its channel, blocking for a token.
+    fn force_one(&mut self, t: usize, counter: &Option<Arc<SubtaskMetrics>>) -> Result<(), Disconnected> {
+        let Some(m) = self.overflow[t].pop_front() else { return Ok(()) };
+        let started = std::time::Instant::now();
+        if let Some(tokens) = &self.tokens[t] {
+            tokens.send(()).map_err(|_| Disconnected)?;
+        }
+        send(&self.targets[t], m, &None)?;
+        self.sent[t] += 1;
+        if let Some(c) = counter {
+            c.add_backpressured(started.elapsed());
+        }
+        Ok(())
     }
 
     /// Moves overflow into channels with room; returns whether anything moved.
     fn try_drain(&mut self) -> Result<bool, Disconnected> {
         let mut moved = false;
-        for (i, queue) in self.overflow.iter_mut().enumerate() {
-            while let Some(m) = queue.pop_front() {
-                match self.targets[i].try_send(m) {
-                    Ok(()) => {
-                        self.sent[i] += 1;
-                        moved = true;
-                    }
-                    Err(TrySendError::Full(m)) => {
-                        queue.push_front(m);
-                        break;
-                    }
-                    Err(TrySendError::Disconnected(_)) => return Err(Disconnected),
+        for t in 0..self.overflow.len() {
+            while let Some(m) = self.overflow[t].pop_front() {
+                if let Some(m) = self.offer(t, m)? {
+                    self.overflow[t].push_front(m);
+                    break;
                 }
+                moved = true;
             }
         }
         Ok(moved)
@@ -171,6 +212,8 @@ pub enum Drained {
     Control(Control),
     /// Nothing within the wait.
     Timeout,
+    /// The priority inbox has no senders any more (every upstream subtask exited).
+    InboxClosed,
 }
 
 /// All outgoing edges of a subtask.
@@ -337,26 +380,32 @@ impl Output {
         }
         let started = std::time::Instant::now();
         let mut slots = Vec::new();
-        let mut senders = Vec::new();
+        // Room means a token where the channel has tokens, else room in the channel.
+        let mut waits: Vec<Result<Sender<()>, Sender<Message>>> = Vec::new();
         for (ei, e) in self.edges.iter().enumerate() {
             for (ti, q) in e.overflow.iter().enumerate() {
                 if !q.is_empty() {
                     slots.push((ei, ti));
-                    senders.push(e.targets[ti].clone());
+                    waits.push(e.tokens.get(ti).cloned().flatten().ok_or_else(|| e.targets[ti].clone()));
                 }
             }
         }
         let mut sel = Select::new();
-        for tx in &senders {
-            sel.send(tx);
+        for w in &waits {
+            match w {
+                Ok(tokens) => sel.send(tokens),
+                Err(tx) => sel.send(tx),
+            };
         }
         let p_at = priority.map(|p| sel.recv(p));
         let c_at = control.map(|c| sel.recv(c));
         let r = match sel.select_timeout(wait) {
             Err(_) => Drained::Timeout,
-            Ok(op) if Some(op.index()) == p_at => {
-                Drained::Priority(op.recv(priority.expect("selected")).map_err(|_| Disconnected)?)
-            }
+            Ok(op) if Some(op.index()) == p_at => match op.recv(priority.expect("selected")) {
+                Ok(p) => Drained::Priority(p),
+                // Every sender of barriers is gone (the upstream subtasks exited).
+                Err(_) => Drained::InboxClosed,
+            },
             Ok(op) if Some(op.index()) == c_at => {
                 Drained::Control(op.recv(control.expect("selected")).map_err(|_| Disconnected)?)
             }
@@ -365,7 +414,13 @@ impl Output {
                 let (ei, ti) = slots[at];
                 let e = &mut self.edges[ei];
                 let m = e.overflow[ti].pop_front().expect("a waiting message");
-                op.send(&senders[at], m).map_err(|_| Disconnected)?;
+                match &waits[at] {
+                    Ok(tokens) => {
+                        op.send(tokens, ()).map_err(|_| Disconnected)?;
+                        send(&e.targets[ti], m, &None)?;
+                    }
+                    Err(tx) => op.send(tx, m).map_err(|_| Disconnected)?,
+                }
                 e.sent[ti] += 1;
                 Drained::Progress
             }
@@ -380,7 +435,8 @@ impl Output {
     /// target's priority inbox, with the count of messages already in the channel and,
     /// carried along, everything produced but not yet in it (the overflow, then the pending
     /// batch). Afterwards nothing waits: the sender is unblocked at once.
-    pub fn unaligned_barrier(&mut self, id: CheckpointId) -> Result<(), Disconnected> {
+    /// A receiver that has ended (its inbox closed) needs no barrier: it is skipped.
+    pub fn unaligned_barrier(&mut self, id: CheckpointId) {
         for e in self.edges.iter_mut().filter(|e| !e.ended) {
             for (t, (inbox, input)) in e.priority.iter().enumerate() {
                 let mut carried: Vec<Message> = e.overflow[t].drain(..).collect();
@@ -388,10 +444,9 @@ impl Output {
                     carried.push(Message::Data(e.pending[t].take()));
                 }
                 let p = Priority { input: *input, id, sent: e.sent[t], carried };
-                inbox.send(p).map_err(|_| Disconnected)?;
+                let _ = inbox.send(p);
             }
         }
-        Ok(())
     }
 
     /// (held, limit) when the job's back-edges hold more than `max_feedback_mb`.
@@ -441,21 +496,22 @@ mod tests {
     /// a barrier takes it along (after the channel's count), leaving nothing waiting.
     #[test]
     fn unaligned_a_full_channel_holds_output_back_and_the_barrier_carries_it() {
-        let (tx, rx) = bounded(1);
+        let (tx, rx) = bounded(2);
         let (inbox, barriers) = unbounded();
-        let edge = EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0).unaligned(vec![(inbox, 3)]);
+        let edge = EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0).unaligned(vec![(inbox, 3)], vec![None]);
         let mut out = Output::new(vec![edge], 1, 1 << 20);
         assert!(out.is_unaligned());
-        for v in 1..=3 {
+        for v in 1..=4 {
             emit(&mut out, v);
         }
-        assert!(out.blocked(), "records 2 and 3 wait for room");
-        out.unaligned_barrier(CheckpointId(7)).unwrap();
+        assert!(out.blocked(), "records 3 and 4 wait for room");
+        out.unaligned_barrier(CheckpointId(7));
         let p = barriers.try_recv().expect("the barrier went to the priority inbox");
-        assert_eq!((p.input, p.id, p.sent), (3, CheckpointId(7), 1), "one message was in the channel before it");
-        assert_eq!(p.carried.iter().map(value).collect::<Vec<_>>(), vec![vec![2], vec![3]]);
+        assert_eq!((p.input, p.id, p.sent), (3, CheckpointId(7), 2), "two messages were in the channel before it");
+        assert_eq!(p.carried.iter().map(value).collect::<Vec<_>>(), vec![vec![3], vec![4]]);
         assert!(!out.blocked());
         assert_eq!(value(&rx.try_recv().unwrap()), vec![1]);
+        assert_eq!(value(&rx.try_recv().unwrap()), vec![2]);
         assert!(rx.try_recv().is_err(), "the carried records never enter the channel");
     }
 
@@ -465,9 +521,9 @@ mod tests {
     fn unaligned_waiting_output_drains_in_order_as_room_appears() {
         let (tx, rx) = bounded(1);
         let (inbox, barriers) = unbounded();
-        let edge = EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0).unaligned(vec![(inbox, 0)]);
+        let edge = EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0).unaligned(vec![(inbox, 0)], vec![None]);
         let mut out = Output::new(vec![edge], 1, 1 << 20);
-        for v in 1..=3 {
+        for v in 1..=2 {
             emit(&mut out, v);
         }
         let wait = Duration::from_millis(1);
@@ -477,9 +533,46 @@ mod tests {
             assert!(matches!(out.drain(None, None, wait).unwrap(), Drained::Progress));
             got.push(value(&rx.try_recv().unwrap()));
         }
-        assert_eq!(got, vec![vec![1], vec![2], vec![3]]);
-        out.unaligned_barrier(CheckpointId(1)).unwrap();
-        assert_eq!(barriers.try_recv().unwrap().sent, 3);
+        assert_eq!(got, vec![vec![1], vec![2]]);
+        out.unaligned_barrier(CheckpointId(1));
+        assert_eq!(barriers.try_recv().unwrap().sent, 2);
+    }
+
+    /// A channel's tokens bound it, wherever its records wait on the receiving side: room in
+    /// the channel alone is not room. And the overflow is bounded too: past it, `emit` waits.
+    #[test]
+    fn unaligned_a_channel_takes_no_more_than_its_tokens_and_the_overflow_is_bounded() {
+        let (tx, rx) = bounded(2);
+        let (token_tx, token_rx) = bounded(2);
+        let (inbox, _barriers) = unbounded();
+        let edge =
+            EdgeOutput::new(0, Partition::Forward, vec![tx], 16, 0).unaligned(vec![(inbox, 0)], vec![Some(token_tx)]);
+        let mut out = Output::new(vec![edge], 1, 1 << 20);
+        for v in 1..=2 {
+            emit(&mut out, v);
+        }
+        // The receiver moved both off the channel (a barrier overtook them) but handed none on.
+        let moved: Vec<Message> = (0..2).map(|_| rx.try_recv().unwrap()).collect();
+        for v in 3..=4 {
+            emit(&mut out, v);
+        }
+        assert!(rx.is_empty(), "no token left: records 3 and 4 wait although the channel is empty");
+        assert!(matches!(out.drain(None, None, Duration::from_millis(1)).unwrap(), Drained::Timeout));
+        // The receiver hands record 1 on: one token back, one record in.
+        token_rx.try_recv().unwrap();
+        assert!(matches!(out.drain(None, None, Duration::from_millis(50)).unwrap(), Drained::Progress));
+        assert_eq!(value(&rx.try_recv().unwrap()), vec![3]);
+        drop(moved);
+        // Past the bound (the channel's capacity) `emit` blocks until a token comes back.
+        emit(&mut out, 5);
+        let giver = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            token_rx.recv().unwrap();
+            token_rx
+        });
+        emit(&mut out, 6);
+        let _token_rx = giver.join().unwrap();
+        assert_eq!(value(&rx.try_recv().unwrap()), vec![4], "the oldest waiting record went first");
     }
 
     /// Aligned (no priority inboxes): nothing ever waits outside the channel.

@@ -311,6 +311,10 @@ impl SinkTask {
         for lb in std::mem::take(&mut self.replay) {
             let batch = Batch::from_validated(lb.bytes, lb.records);
             self.write(None, &batch)?;
+            // Counted in flight when the part was built (loops: `local::build_part`).
+            if let Some(t) = &self.termination {
+                t.account(0, lb.records as u64);
+            }
         }
         let mut aligner = Aligner::new(self.inputs.len());
         let mut align_started: Option<Instant> = None;
@@ -403,6 +407,8 @@ impl SinkTask {
                 }
             }
         }
+        // Every input ended: barriers from upstream are not taken any more.
+        self.inputs.close_priority();
         if self.settle(&mut aligner, &mut align_started)? {
             return Ok(());
         }

@@ -148,7 +148,7 @@ impl SourceTask {
                 }
                 if self.output.is_unaligned() {
                     // Ahead of everything queued, carrying what waits for room.
-                    self.output.unaligned_barrier(id).map_err(|_| self.disconnected())?;
+                    self.output.unaligned_barrier(id);
                 } else {
                     self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
                     self.output.flush().map_err(|_| self.disconnected())?;
@@ -256,7 +256,7 @@ impl SourceTask {
                 Drained::Timeout if self.cancel.load(Ordering::Relaxed) => {
                     return Err(TaskFailure::Cancelled { task: self.id.clone() });
                 }
-                Drained::Timeout | Drained::Progress | Drained::Priority(_) => {}
+                Drained::Timeout | Drained::Progress | Drained::Priority(_) | Drained::InboxClosed => {}
             }
         }
         Ok(Flow::Go)
@@ -358,7 +358,7 @@ impl SourceTask {
             // subtasks downstream need not wait for it to drain (one that ended takes none).
             let mut out = output.borrow_mut();
             if out.is_unaligned() {
-                let _ = out.unaligned_barrier(c);
+                out.unaligned_barrier(c);
             }
             if let (SourceReader::Kafka(k), Some(SourcePosition::Kafka { partitions })) =
                 (&mut **reader.borrow_mut(), &final_state.source)

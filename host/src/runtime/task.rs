@@ -476,13 +476,14 @@ impl OperatorTask {
     fn restore_state(&mut self) -> Result<(), TaskFailure> {
         let Some(r) = self.restore.take() else { return Ok(()) };
         put_state(self.instance.as_mut(), r.schema_version, &r.state).map_err(|e| self.guest(e))?;
-        // A loop head re-processes the records that were in transit on its back-edges (counted
-        // in flight since the part was built: see `local::build_part`).
+        // The records in flight at the checkpoint (a loop head's back-edges', an unaligned
+        // checkpoint's inputs') are processed first, like any input: dead letters included
+        // (counted in flight since the part was built: see `local::build_part`).
         for lb in &r.state.backedge_log {
             let batch = Batch::from_validated(lb.bytes.clone(), lb.records);
             let side = if lb.side == 1 { Side::Right } else { Side::Left };
-            self.instance.process(side, &batch).map_err(|e| self.guest(e))?;
-            self.route_emitted()?;
+            self.counters.add_in(lb.records as u64, batch.byte_len() as u64);
+            self.process_batch(usize::MAX, side, batch)?;
             self.account(lb.records as u64);
         }
         Ok(())
@@ -851,28 +852,40 @@ impl OperatorTask {
             }
             Drained::Priority(p) => Some(self.inputs.accept(p)),
             Drained::Control(c) => Some(Received::Control(c)),
+            Drained::InboxClosed => {
+                self.inputs.close_priority();
+                None
+            }
         })
     }
 
-    /// Carries out an unaligned checkpoint's decision on a barrier delivered on `input`.
-    fn unaligned_outcome(&mut self, un: &mut Unaligned, input: usize, o: UnalignOutcome) -> Result<(), TaskFailure> {
+    /// Carries out an unaligned checkpoint's decision on a barrier delivered on `input` (`None`:
+    /// a loop head starting at the trigger).
+    fn unaligned_outcome(
+        &mut self,
+        un: &mut Unaligned,
+        input: Option<usize>,
+        o: UnalignOutcome,
+    ) -> Result<(), TaskFailure> {
         let complete = match o {
             UnalignOutcome::Obsolete => return Ok(()),
             UnalignOutcome::Delivered { complete } => complete,
             UnalignOutcome::Start { id, declined, complete } => {
                 Unaligned::decline(declined, id, self.checkpoints.as_mut());
                 // Downstream can start at once: the barrier goes ahead of the queued output.
-                self.output.unaligned_barrier(id).map_err(|d| self.disconnected(d))?;
+                self.output.unaligned_barrier(id);
                 let t0 = Instant::now();
                 let state = self.snapshot_state(id)?;
                 let timing = Timing { align_ms: 0.0, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
-                un.pending = Some(PendingLog::new(id, state, timing));
+                // A loop's records in flight count against its in-flight budget until written.
+                let budget = self.inputs.feedback_budget();
+                un.pending = Some(PendingLog { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
                 self.fault_at_barrier(id)?;
                 complete
             }
         };
         // The input's records in flight across its sender's snapshot, queued before the barrier.
-        if let Some(p) = un.pending.as_mut() {
+        if let (Some(p), Some(input)) = (un.pending.as_mut(), input) {
             let side = if self.inputs.side(input) == Side::Right { 1 } else { 0 };
             for b in self.inputs.front_batches(input) {
                 p.log(side, b);
@@ -1022,7 +1035,15 @@ impl OperatorTask {
                         if let Some(p) = self.checkpoints.as_mut() {
                             p.on_trigger(id)
                         }
-                        if let Some(mut h) = head.take() {
+                        if let Some(un) = una.as_mut() {
+                            // A loop head whose regular inputs all ended gets no barrier from
+                            // them any more: it starts at the trigger (its back-edges return
+                            // the barrier).
+                            if head.as_ref().is_some_and(|h| h.lh.regular_inputs_ended()) {
+                                let o = un.u.on_trigger(id);
+                                self.unaligned_outcome(un, None, o)?;
+                            }
+                        } else if let Some(mut h) = head.take() {
                             let o = h.lh.on_trigger(id);
                             let r = self.head_outcome(&mut h, o);
                             head = Some(h);
@@ -1097,7 +1118,9 @@ impl OperatorTask {
                     self.inject_faults()?;
                     // One chunk of a snapshot being drained per batch: short pauses.
                     self.drain_step()?;
-                    if let Some(id) = head.as_ref().and_then(|h| h.pending.as_ref()).map(|p| p.id) {
+                    let logging = head.as_ref().and_then(|h| h.pending.as_ref());
+                    let logging = logging.or(una.as_ref().and_then(|u| u.pending.as_ref())).map(|p| p.id);
+                    if let Some(id) = logging {
                         self.fault_while_logging(id)?;
                     }
                 }
@@ -1124,11 +1147,16 @@ impl OperatorTask {
                 Received::Marker(i, id) => {
                     if let Some(un) = una.as_mut() {
                         let o = un.u.on_barrier(i, id);
-                        self.unaligned_outcome(un, i, o)?;
+                        self.unaligned_outcome(un, Some(i), o)?;
                     }
                 }
                 Received::Message(i, Message::EndOfStream) if una.is_some() => {
                     self.inputs.finish(i);
+                    if let Some(h) = head.as_mut() {
+                        // Only to know when the regular inputs have ended (no barrier goes
+                        // through the loop head's aligner with unaligned checkpoints).
+                        let _ = h.lh.on_end_of_stream(i);
+                    }
                     if let Some(un) = una.as_mut()
                         && un.u.on_end_of_stream(i).is_some()
                     {
@@ -1171,6 +1199,8 @@ impl OperatorTask {
     fn after_input(&mut self) -> Result<(), TaskFailure> {
         // A snapshot still being drained is its checkpoint's answer: finish it first.
         self.drain_all()?;
+        // No input is read any more: barriers from upstream are not taken either.
+        self.inputs.close_priority();
         let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
         let control = p.control.clone();
         for c in p.announce_finished() {
@@ -1186,7 +1216,7 @@ impl OperatorTask {
                 match self.output.drain(None, Some(&control), Duration::from_millis(50)) {
                     Ok(Drained::Control(c)) => Ok(c),
                     Ok(Drained::Timeout) => Err(crossbeam_channel::RecvTimeoutError::Timeout),
-                    Ok(Drained::Progress | Drained::Priority(_)) => continue,
+                    Ok(Drained::Progress | Drained::Priority(_) | Drained::InboxClosed) => continue,
                     Err(d) => return Err(self.disconnected(d)),
                 }
             } else {
@@ -1247,7 +1277,7 @@ impl OperatorTask {
         self.snapshot_streaming(c, 0.0)?;
         if self.output.is_unaligned() {
             // A subtask downstream that has ended takes no barrier any more: that is fine.
-            let _ = self.output.unaligned_barrier(c);
+            self.output.unaligned_barrier(c);
         }
         self.drain_all()
     }
