@@ -943,6 +943,9 @@ fn run_coordinator(
     let graph = job::parse(&source.path, &source.text)?;
     let engine = new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
     let bound = job::bind::bind(&engine, graph)?;
+    // The job's API is registered before the readiness line below, so whoever waits for
+    // that line finds the job with `weir query`/`stop`/... at once.
+    let (api, endpoint) = JobApi::start(&bound, &engine, api)?;
     let listen = cfg.listen;
     let mut cluster = weir::cluster::coordinator::Cluster::start(cfg)
         .with_context(|| format!("cannot listen on {listen} for workers"))?;
@@ -961,7 +964,6 @@ fn run_coordinator(
         let o = RunOptions { gate: gate.clone(), ..o.clone() };
         cluster.run(b, &source, &o)
     };
-    let (api, endpoint) = JobApi::start(&bound, &engine, api)?;
     let ran =
         run_job(&bound, 0.0, false, restore, None, allow_non_restored_state, Some(endpoint), None, Some(&mut run));
     drop(api);
