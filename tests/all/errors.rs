@@ -20,6 +20,16 @@ fn validate_fails(job: &str, setup: impl FnOnce(&Path)) -> String {
     stderr
 }
 
+/// Writes `job` into a scratch dir and expects `weir validate` to accept it.
+fn validate_ok(job: &str) {
+    guests();
+    let dir = scratch();
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, job).unwrap();
+    let out = weir().arg("validate").arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn counter() -> String {
     toml_path(&component("wordcount_counter"))
 }
@@ -387,5 +397,24 @@ fn unaligned_checkpoints_refuse_an_unknown_alignment_and_concurrent_checkpoints_
     assert!(e.contains("job.toml:"), "{e}");
     let concurrent = with("unaligned").replace("alignment =", "max_concurrent = 2\nalignment =");
     let e = validate_fails(&concurrent, |_| {});
-    assert!(e.contains("max_concurrent = 2 with alignment = \"unaligned\"") && e.contains("one at a time"), "{e}");
+    assert!(e.contains("max_concurrent = 2 with unaligned checkpoints") && e.contains("one at a time"), "{e}");
+}
+
+#[test]
+fn unaligned_an_alignment_timeout_is_refused_with_unaligned_zero_past_the_checkpoint_timeout_or_concurrent() {
+    let with = |lines: &str| {
+        good_job().replace("[[source]]", &format!("[checkpoint]\ninterval_ms = 100\n{lines}\n[[source]]"))
+    };
+    let e = validate_fails(&with("alignment = \"unaligned\"\nalignment_timeout_ms = 50\n"), |_| {});
+    assert!(e.contains("alignment_timeout_ms = 50 applies to aligned checkpoints") && e.contains("remove one"), "{e}");
+    let e = validate_fails(&with("alignment_timeout_ms = 0\n"), |_| {});
+    assert!(e.contains("must be at least 1") && e.contains("alignment = \"unaligned\""), "{e}");
+    let e = validate_fails(&with("timeout_ms = 500\nalignment_timeout_ms = 500\n"), |_| {});
+    assert!(e.contains("must be below the checkpoint's timeout_ms (500)"), "{e}");
+    assert!(e.contains("job.toml:"), "{e}");
+    let e = validate_fails(&with("max_concurrent = 3\nalignment_timeout_ms = 50\n"), |_| {});
+    assert!(e.contains("max_concurrent = 3 with unaligned checkpoints"), "{e}");
+    let ok = with("alignment = \"aligned\"\nalignment_timeout_ms = 50\n");
+    assert!(ok.contains("alignment_timeout_ms = 50"));
+    validate_ok(&ok);
 }

@@ -36,6 +36,8 @@ pub(crate) struct Topology {
     /// Unaligned checkpoints, with the output sink throttled to this many records per second
     /// per subtask (below the sources' rate: the channels stay full).
     pub(crate) unaligned: Option<u64>,
+    /// `[checkpoint] alignment_timeout_ms` (instead of `alignment = "unaligned"`).
+    pub(crate) alignment_timeout_ms: Option<u64>,
 }
 
 fn one() -> Topology {
@@ -47,6 +49,7 @@ fn one() -> Topology {
         incremental: false,
         oracle_config: "",
         unaligned: None,
+        alignment_timeout_ms: None,
     }
 }
 
@@ -59,6 +62,7 @@ pub(crate) fn parallel() -> Topology {
         incremental: false,
         oracle_config: "",
         unaligned: None,
+        alignment_timeout_ms: None,
     }
 }
 
@@ -71,6 +75,7 @@ pub(crate) fn two_input() -> Topology {
         incremental: false,
         oracle_config: "",
         unaligned: None,
+        alignment_timeout_ms: None,
     }
 }
 
@@ -84,7 +89,9 @@ fn job_toml(t: &Topology) -> String {
     if t.incremental {
         s = s.replace("retained = 2\n", "retained = 2\nincremental = true\n");
     }
-    if t.unaligned.is_some() {
+    if let Some(ms) = t.alignment_timeout_ms {
+        s = s.replace("retained = 2\n", &format!("retained = 2\nalignment_timeout_ms = {ms}\n"));
+    } else if t.unaligned.is_some() {
         s = s.replace("retained = 2\n", "retained = 2\nalignment = \"unaligned\"\n");
     }
     for (id, p, count, keys) in &t.sources {
@@ -242,6 +249,9 @@ pub(crate) fn check_topology(t: Topology, share: u64) {
     if t.unaligned.is_some() {
         let logged: u64 = base.summary.nodes.iter().map(|n| n.inflight_logged).sum();
         assert!(logged > 0, "no barrier overtook a record: the test exercises nothing unaligned");
+    } else if t.alignment_timeout_ms.is_some() {
+        let logged: u64 = base.summary.nodes.iter().map(|n| n.inflight_logged).sum();
+        assert_eq!(logged, 0, "a checkpoint switched to unaligned before its alignment timeout");
     }
     assert_eq!(base.summary.attempts, 1);
     assert!(base.violations.is_empty(), "{:?}", base.violations);
@@ -483,6 +493,7 @@ fn exactly_once_a_checkpoint_aborted_mid_drain_abandons_it_and_later_restores_ar
         incremental: true,
         oracle_config: "",
         unaligned: None,
+        alignment_timeout_ms: None,
     };
     let base_dir = scratch();
     let base = run(&t, base_dir.path(), None);

@@ -1,6 +1,7 @@
-//! Unaligned checkpoints (`[checkpoint] alignment = "unaligned"`): under backpressure the
-//! barriers overtake the records queued in the channels; those records are written with the
-//! checkpoint and replayed on restore — also at another parallelism — so exactly-once holds.
+//! Unaligned checkpoints (`[checkpoint] alignment = "unaligned"`, and aligned ones that switch
+//! after `alignment_timeout_ms`): under backpressure the barriers overtake the records queued
+//! in the channels; those records are written with the checkpoint and replayed on restore —
+//! also at another parallelism — so exactly-once holds.
 //!
 //! Every job here throttles its output sink below the sources' rate, so the channels are
 //! full whenever a checkpoint is taken, and each test asserts that records in flight were
@@ -20,22 +21,53 @@ fn unaligned_exactly_once_at_parallelism_three_under_seeded_failures() {
     check_topology(Topology { name: "un-p3", unaligned: Some(6_000), ..parallel() }, 0);
 }
 
+/// `alignment_timeout_ms`: checkpoints start aligned; under backpressure (the sink throttled
+/// below the sources) they switch to unaligned after 20 ms — records in flight are written —
+/// and exactly-once holds through seeded failures.
+#[test]
+fn unaligned_an_alignment_timeout_switches_under_backpressure_exactly_once_under_seeded_failures() {
+    check_topology(
+        Topology { name: "un-timeout", unaligned: Some(6_000), alignment_timeout_ms: Some(20), ..parallel() },
+        2,
+    );
+}
+
+/// With a timeout no checkpoint reaches, every checkpoint aligns (the barriers still overtake
+/// the records, and each input is parked once it consumed those before its barrier): nothing
+/// in flight is written, and exactly-once holds through seeded failures.
+#[test]
+fn unaligned_checkpoints_within_their_alignment_timeout_align_and_write_nothing_in_flight() {
+    check_topology(Topology { name: "un-aligns", alignment_timeout_ms: Some(50_000), ..two_input() }, 0);
+}
+
 #[test]
 fn unaligned_exactly_once_with_a_two_input_operator_under_seeded_failures() {
     check_topology(Topology { name: "un-join", unaligned: Some(5_000), ..two_input() }, 1);
 }
 
-/// A loop (a hash back-edge across two subtasks) whose output sink runs slower than its
-/// sources: Chandy–Lamport's snapshot at the first barrier on any input, back-edges logged
-/// like every other input until their barrier returns.
-#[test]
-fn unaligned_a_loop_stays_exactly_once_under_seeded_failures() {
+/// The loop oracle (a hash back-edge across two subtasks) with `setting` in `[checkpoint]` and
+/// its output sink slower than its sources, exactly-once through seeded failures.
+fn check_loop(setting: &str) {
     let toml = oracle_job(3, 4, 12_000)
         .replace("rate = 20000\n", "rate = 8000\n")
-        .replace("retained = 2\n", "retained = 2\nalignment = \"unaligned\"\n")
+        .replace("retained = 2\n", &format!("retained = 2\n{setting}\n"))
         .replace("path = \"done\"\n", "path = \"done\"\nrate = 6000\n");
-    assert!(toml.contains("alignment = \"unaligned\"") && toml.contains("rate = 6000"));
+    assert!(toml.contains(setting) && toml.contains("rate = 6000"));
     check_loop_exactly_once(&toml, 12_000);
+}
+
+/// Chandy–Lamport's snapshot at the first barrier on any input, back-edges logged like every
+/// other input until their barrier returns.
+#[test]
+fn unaligned_a_loop_stays_exactly_once_under_seeded_failures() {
+    check_loop("alignment = \"unaligned\"");
+}
+
+/// With `alignment_timeout_ms`: the loop head is unaligned from its first barrier (it cannot
+/// align: its back-edges return its own barrier), the loop body aligns and switches.
+#[test]
+fn unaligned_a_loop_with_an_alignment_timeout_stays_exactly_once_under_seeded_failures() {
+    check_loop("alignment_timeout_ms = 10");
 }
 
 const COUNT: u64 = 24_000;

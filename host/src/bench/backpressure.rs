@@ -1,8 +1,9 @@
-//! `weir bench backpressure`: checkpoint durations with aligned and unaligned barriers while
-//! the sink runs at a tenth of the source's rate and every channel is full
-//! (`examples/bench/backpressure.toml`), interleaved round by round.
+//! `weir bench backpressure`: checkpoint durations with aligned barriers, unaligned ones, and
+//! aligned ones that switch to unaligned after `alignment_timeout_ms`, while the sink runs at
+//! a tenth of the source's rate and every channel is full (`examples/bench/backpressure.toml`),
+//! interleaved round by round.
 //!
-//! Invariant: both configurations run the same job file and the same records; a run whose
+//! Invariant: every configuration runs the same job file and the same records; a run whose
 //! sink did not receive every record is an error, not a row.
 
 use crate::bench::report::RunReport;
@@ -11,7 +12,10 @@ use crate::bench::{BenchError, BenchOptions, expect_in, median, run_variant, sou
 
 const JOB: &str = "backpressure.toml";
 
-/// Runs both alignments `opts.runs` times each and prints their table.
+/// The timeout of the third configuration.
+const TIMEOUT_MS: u64 = 200;
+
+/// Runs every alignment `opts.runs` times and prints their table.
 pub fn backpressure(opts: &BenchOptions) -> Result<(), BenchError> {
     let n = source_count(opts, JOB)?;
     println!(
@@ -22,18 +26,20 @@ pub fn backpressure(opts: &BenchOptions) -> Result<(), BenchError> {
         "| alignment | checkpoints per run | median duration | max duration | median in flight written | run time |"
     );
     println!("|---|---|---|---|---|---|");
-    let configs = ["aligned", "unaligned"];
+    let timed = format!("aligned, alignment_timeout_ms = {TIMEOUT_MS}");
+    let configs =
+        [("aligned", None, "aligned"), ("unaligned", None, "unaligned"), ("aligned", Some(TIMEOUT_MS), &*timed)];
     let mut results: Vec<Vec<RunReport>> = vec![Vec::new(); configs.len()];
     for _ in 0..opts.runs {
-        for (c, a) in configs.iter().enumerate() {
-            let v = Variant { alignment: Some(a), ..Default::default() };
+        for (c, (a, timeout, _)) in configs.iter().enumerate() {
+            let v = Variant { alignment: Some(a), alignment_timeout_ms: *timeout, ..Default::default() };
             let r = run_variant(opts, JOB, &v)?;
             expect_in(&r, JOB, "out", n)?;
             results[c].push(r);
         }
     }
     let mut medians = Vec::new();
-    for (c, a) in configs.iter().enumerate() {
+    for (c, (_, _, a)) in configs.iter().enumerate() {
         let rs = &results[c];
         // The final checkpoint (after the input ended) is not one taken under backpressure.
         let cps: Vec<_> =
@@ -49,6 +55,10 @@ pub fn backpressure(opts: &BenchOptions) -> Result<(), BenchError> {
             median(rs.iter().map(|r| r.elapsed_ms / 1e3).collect()),
         );
     }
-    println!("\naligned / unaligned median checkpoint duration: {:.1}x", medians[0] / medians[1].max(1e-9));
+    println!(
+        "\naligned / unaligned median checkpoint duration: {:.1}x; aligned / aligned with a {TIMEOUT_MS} ms timeout: {:.1}x",
+        medians[0] / medians[1].max(1e-9),
+        medians[0] / medians[2].max(1e-9)
+    );
     Ok(())
 }

@@ -28,6 +28,8 @@ pub struct Variant {
     pub blackhole_sinks: bool,
     /// `[checkpoint] alignment` (`aligned` or `unaligned`).
     pub alignment: Option<&'static str>,
+    /// `[checkpoint] alignment_timeout_ms`.
+    pub alignment_timeout_ms: Option<u64>,
 }
 
 /// A job file the variant cannot be applied to.
@@ -91,7 +93,7 @@ pub fn apply(toml_text: &str, path: &Path, v: &Variant) -> Result<String, Varian
             t.insert(section.into(), toml::Value::Array(list.into_iter().map(toml::Value::Table).collect()));
         }
     }
-    if v.interval_ms.is_some() || v.incremental.is_some() || v.alignment.is_some() {
+    if v.interval_ms.is_some() || v.incremental.is_some() || v.alignment.is_some() || v.alignment_timeout_ms.is_some() {
         let c = t
             .entry("checkpoint")
             .or_insert_with(|| toml::Value::Table(toml::Table::new()))
@@ -105,6 +107,9 @@ pub fn apply(toml_text: &str, path: &Path, v: &Variant) -> Result<String, Varian
         }
         if let Some(a) = v.alignment {
             c.insert("alignment".into(), toml::Value::String(a.into()));
+        }
+        if let Some(ms) = v.alignment_timeout_ms {
+            c.insert("alignment_timeout_ms".into(), toml::Value::Integer(ms as i64));
         }
         c.entry("interval_ms").or_insert(toml::Value::Integer(0));
     }

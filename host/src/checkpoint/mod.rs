@@ -3,6 +3,7 @@
 //! `runtime/` (`driver.rs`, `control.rs`).
 
 pub mod alignment;
+pub mod alignment_timeout;
 pub mod backedge;
 pub mod compat;
 pub mod coordinator;

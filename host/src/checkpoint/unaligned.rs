@@ -65,6 +65,22 @@ impl Unaligner {
         self.current
     }
 
+    /// Whether a barrier of `id` would be obsolete here: no newer than the last finished,
+    /// declined or cancelled checkpoint, or older than the open one.
+    pub fn is_obsolete(&self, id: CheckpointId) -> bool {
+        self.last.is_some_and(|l| id <= l) || self.current.is_some_and(|c| id < c)
+    }
+
+    /// Number of inputs.
+    pub fn inputs(&self) -> usize {
+        self.ended.len()
+    }
+
+    /// Whether `input` ended.
+    pub fn is_ended(&self, input: usize) -> bool {
+        self.ended[input]
+    }
+
     /// Whether a record applied from `input` now must be logged: a checkpoint is open and
     /// `input`'s barrier has not been delivered.
     pub fn must_log(&self, input: usize) -> bool {

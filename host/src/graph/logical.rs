@@ -70,9 +70,30 @@ pub enum Alignment {
     /// Barriers travel in line with the records and are aligned at multi-input tasks (ABS).
     #[default]
     Aligned,
-    /// Barriers overtake queued records; what they overtook is written with the checkpoint
-    /// and replayed on restore (Flink's unaligned checkpoints, FLIP-76).
-    Unaligned,
+    /// Barriers overtake queued records. A checkpoint still aligns first, for up to
+    /// `aligned_for` (`alignment_timeout_ms`; zero with `alignment = "unaligned"`), and then
+    /// switches: what its barriers overtook is written with the checkpoint and replayed on
+    /// restore (Flink's unaligned checkpoints, FLIP-76, and its aligned-checkpoint timeout;
+    /// `checkpoint/alignment_timeout.rs`).
+    Unaligned {
+        /// How long a checkpoint aligns at a task before it switches, counted from its trigger.
+        aligned_for: std::time::Duration,
+    },
+}
+
+impl Alignment {
+    /// Whether barriers overtake records (so checkpoints may hold records in flight).
+    pub fn overtakes(&self) -> bool {
+        matches!(self, Alignment::Unaligned { .. })
+    }
+
+    /// How long a checkpoint aligns before it switches to unaligned (zero: never aligns).
+    pub fn aligned_for(&self) -> std::time::Duration {
+        match self {
+            Alignment::Aligned => std::time::Duration::MAX,
+            Alignment::Unaligned { aligned_for } => *aligned_for,
+        }
+    }
 }
 
 /// Checkpoint settings (`[checkpoint]` in the job file).

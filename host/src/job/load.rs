@@ -752,24 +752,47 @@ fn check_acyclic(cx: &Ctx, nodes: &[Node], edges: &[Edge]) -> Result<(), JobErro
 /// `[checkpoint] alignment`.
 fn alignment(cx: &Ctx<'_>, c: &crate::job::spec::CheckpointSpec) -> Result<crate::graph::logical::Alignment, JobError> {
     use crate::graph::logical::Alignment;
-    let Some(a) = &c.alignment else { return Ok(Alignment::Aligned) };
-    let alignment = match a.get_ref().as_str() {
-        "aligned" => Alignment::Aligned,
-        "unaligned" => Alignment::Unaligned,
-        other => {
+    let mut alignment = match c.alignment.as_ref().map(|a| (a, a.get_ref().as_str())) {
+        None | Some((_, "aligned")) => Alignment::Aligned,
+        Some((_, "unaligned")) => Alignment::Unaligned { aligned_for: std::time::Duration::ZERO },
+        Some((a, other)) => {
             return cx.err(
                 a.span(),
                 format!("[checkpoint] alignment must be \"aligned\" or \"unaligned\", got \"{other}\""),
             );
         }
     };
-    if let Some(m) = c.max_concurrent.as_ref().filter(|m| *m.get_ref() > 1 && alignment == Alignment::Unaligned) {
+    if let Some(t) = &c.alignment_timeout_ms {
+        let ms = *t.get_ref();
+        let why = if alignment.overtakes() {
+            Some(
+                "applies to aligned checkpoints (they switch to unaligned after it), and with alignment = \
+                 \"unaligned\" every checkpoint is unaligned from the start: remove one of the two"
+                    .to_string(),
+            )
+        } else if ms == 0 {
+            Some("must be at least 1 (for unaligned checkpoints from the start, set alignment = \"unaligned\")".into())
+        } else {
+            let timeout = c.timeout_ms.unwrap_or(CheckpointSettings::default().timeout_ms);
+            (ms >= timeout).then(|| {
+                format!(
+                    "must be below the checkpoint's timeout_ms ({timeout}), or checkpoints time out before they \
+                     switch to unaligned"
+                )
+            })
+        };
+        if let Some(why) = why {
+            return cx.err(t.span(), format!("[checkpoint] alignment_timeout_ms = {ms} {why}"));
+        }
+        alignment = Alignment::Unaligned { aligned_for: std::time::Duration::from_millis(ms) };
+    }
+    if let Some(m) = c.max_concurrent.as_ref().filter(|m| *m.get_ref() > 1 && alignment.overtakes()) {
         // A barrier overtakes the previous checkpoint's records: one at a time (as in Flink).
         return cx.err(
             m.span(),
             format!(
-                "[checkpoint] max_concurrent = {} with alignment = \"unaligned\": unaligned checkpoints run one at a \
-                 time; remove max_concurrent",
+                "[checkpoint] max_concurrent = {} with unaligned checkpoints (alignment = \"unaligned\" or \
+                 alignment_timeout_ms): they run one at a time; remove max_concurrent",
                 m.get_ref()
             ),
         );

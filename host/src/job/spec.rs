@@ -324,6 +324,10 @@ pub struct CheckpointSpec {
     /// written with the checkpoint (checkpoints stay short under backpressure).
     #[serde(default)]
     pub alignment: Option<Spanned<String>>,
+    /// With aligned checkpoints: a checkpoint still aligning this long after its trigger
+    /// switches to unaligned (barriers overtake the queued records, which are written with it).
+    #[serde(default)]
+    pub alignment_timeout_ms: Option<Spanned<u64>>,
 }
 
 /// `[restart]`

@@ -30,7 +30,7 @@ use crate::checkpoint::remote_savepoint;
 use crate::checkpoint::storage::{CheckpointStore, export_savepoint};
 use crate::checkpoint::upgrade::{Outcome, UpgradeRound};
 use crate::graph::logical::CheckpointSettings;
-use crate::graph::logical::{Alignment, JobGraph};
+use crate::graph::logical::JobGraph;
 use crate::ids::CheckpointId;
 use crate::operator::OperatorFactory;
 use crate::runtime::control::{Ack, Control, Controls, Event};
@@ -266,11 +266,11 @@ pub fn run(
                         let _ = reply.send(Err(format!("job `{}` has no operator `{uid}`", cfg.job)));
                         continue;
                     };
-                    if cfg.graph.checkpoint.as_ref().is_some_and(|c| c.alignment == Alignment::Unaligned) {
+                    if cfg.graph.checkpoint.as_ref().is_some_and(|c| c.alignment.overtakes()) {
                         let _ = reply.send(Err(format!(
-                            "job `{}` takes unaligned checkpoints, and live upgrades need aligned ones: stop the job \
-                             with a savepoint and start the new version from it (or set [checkpoint] alignment = \
-                             \"aligned\")",
+                            "job `{}` takes unaligned checkpoints (or switches to them after alignment_timeout_ms), \
+                             and live upgrades need aligned ones: stop the job with a savepoint and start the new \
+                             version from it (or set [checkpoint] alignment = \"aligned\" without a timeout)",
                             cfg.job
                         )));
                         continue;

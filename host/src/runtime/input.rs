@@ -132,9 +132,10 @@ pub enum Received {
     Idle,
     /// Every input has ended.
     AllDone,
-    /// An unaligned checkpoint's barrier was delivered on input `index`: its front now holds
-    /// the input's records in flight across the sender's snapshot.
-    Marker(usize, CheckpointId),
+    /// A barrier that overtakes records was delivered on input `index`: its front now holds
+    /// the input's records in flight across the sender's snapshot. With it, when its
+    /// checkpoint was triggered.
+    Marker(usize, CheckpointId, std::time::Instant),
 }
 
 /// All inputs of a subtask.
@@ -145,18 +146,33 @@ pub struct Inputs {
     priority: Option<Receiver<Priority>>,
     /// The front to look at first next time.
     next_front: usize,
+    /// How long a checkpoint aligns before it switches to unaligned (barriers overtaking).
+    aligned_for: Duration,
 }
 
 impl Inputs {
     /// Reads `channels`.
     pub fn new(channels: Vec<InputChannel>) -> Self {
-        Inputs { channels, watermark: i64::MIN, priority: None, next_front: 0 }
+        Inputs { channels, watermark: i64::MIN, priority: None, next_front: 0, aligned_for: Duration::ZERO }
     }
 
-    /// Unaligned checkpoints: barriers arrive on `inbox`.
-    pub fn with_priority(mut self, inbox: Option<Receiver<Priority>>) -> Self {
+    /// Barriers overtaking records arrive on `inbox`; each checkpoint aligns for up to
+    /// `aligned_for`, then switches to unaligned (`checkpoint/alignment_timeout.rs`).
+    pub fn with_priority(mut self, inbox: Option<Receiver<Priority>>, aligned_for: Duration) -> Self {
         self.priority = inbox;
+        self.aligned_for = aligned_for;
         self
+    }
+
+    /// How long a checkpoint aligns before it switches to unaligned.
+    pub fn aligned_for(&self) -> Duration {
+        self.aligned_for
+    }
+
+    /// How many of input `index`'s messages before the barrier last delivered there are
+    /// still to be read.
+    pub fn in_flight(&self, index: usize) -> usize {
+        self.channels[index].in_flight
     }
 
     /// The priority inbox (unaligned checkpoints), for a subtask waiting on its output.
@@ -202,7 +218,7 @@ impl Inputs {
         c.front.extend(p.carried.into_iter().map(|m| (m, false)));
         c.in_flight = c.front.len();
         c.front.extend(after);
-        Received::Marker(p.input, p.id)
+        Received::Marker(p.input, p.id, p.started)
     }
 
     /// The batches in flight on input `index` at the barrier [`Inputs::accept`] just
@@ -405,14 +421,22 @@ mod tests {
     fn unaligned_a_barrier_moves_the_messages_before_it_ahead_and_keeps_the_order() {
         let (tx, rx) = crossbeam_channel::bounded(8);
         let (inbox, prio) = crossbeam_channel::unbounded();
-        let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]).with_priority(Some(prio));
+        let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]).with_priority(Some(prio), Duration::ZERO);
         for v in 1..=4 {
             tx.send(data(v)).unwrap();
         }
         assert_eq!(value(inputs.recv(None, &|_| false, None)), 1);
         // The sender put 3 messages in before its snapshot and held record 9 back.
-        inbox.send(Priority { input: 0, id: CheckpointId(5), sent: 3, carried: vec![data(9)] }).unwrap();
-        assert!(matches!(inputs.recv(None, &|_| false, None), Received::Marker(0, CheckpointId(5))));
+        inbox
+            .send(Priority {
+                input: 0,
+                id: CheckpointId(5),
+                sent: 3,
+                carried: vec![data(9)],
+                started: std::time::Instant::now(),
+            })
+            .unwrap();
+        assert!(matches!(inputs.recv(None, &|_| false, None), Received::Marker(0, CheckpointId(5), _)));
         let in_flight: Vec<u8> = inputs.front_batches(0).map(|b| b.iter().next().unwrap().value[0]).collect();
         assert_eq!(in_flight, vec![2, 3, 9], "the records in flight across the sender's snapshot");
         let rest: Vec<u8> = (0..4).map(|_| value(inputs.recv(None, &|_| false, None))).collect();
@@ -426,14 +450,22 @@ mod tests {
     fn unaligned_a_message_that_raced_past_its_barrier_goes_after_it_and_is_not_in_flight() {
         let (tx, rx) = crossbeam_channel::bounded(8);
         let (inbox, prio) = crossbeam_channel::unbounded();
-        let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]).with_priority(Some(prio));
+        let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]).with_priority(Some(prio), Duration::ZERO);
         tx.send(data(1)).unwrap();
         assert_eq!(value(inputs.recv(None, &|_| false, None)), 1);
         // The sender snapshots after 1 message, holding record 9 back, then sends record 2.
-        inbox.send(Priority { input: 0, id: CheckpointId(3), sent: 1, carried: vec![data(9)] }).unwrap();
+        inbox
+            .send(Priority {
+                input: 0,
+                id: CheckpointId(3),
+                sent: 1,
+                carried: vec![data(9)],
+                started: std::time::Instant::now(),
+            })
+            .unwrap();
         tx.send(data(2)).unwrap();
         let m = inputs.channels[0].rx.try_recv().unwrap();
-        assert!(matches!(inputs.taken(0, m), Received::Marker(0, CheckpointId(3))));
+        assert!(matches!(inputs.taken(0, m), Received::Marker(0, CheckpointId(3), _)));
         let in_flight: Vec<u8> = inputs.front_batches(0).map(|b| b.iter().next().unwrap().value[0]).collect();
         assert_eq!(in_flight, vec![9], "record 2 was sent after the barrier");
         let rest: Vec<u8> = (0..2).map(|_| value(inputs.recv(None, &|_| false, None))).collect();
@@ -446,9 +478,11 @@ mod tests {
     fn unaligned_a_barrier_beyond_the_channel_is_refused() {
         let (_tx, rx) = crossbeam_channel::bounded::<Message>(8);
         let mut inputs = Inputs::new(vec![InputChannel::new(rx, Side::Left)]);
-        let p = Priority { input: 0, id: CheckpointId(1), sent: 1, carried: vec![] };
+        let p =
+            Priority { input: 0, id: CheckpointId(1), sent: 1, carried: vec![], started: std::time::Instant::now() };
         assert!(matches!(inputs.accept(p), Received::Disconnected));
-        let p = Priority { input: 7, id: CheckpointId(1), sent: 0, carried: vec![] };
+        let p =
+            Priority { input: 7, id: CheckpointId(1), sent: 0, carried: vec![], started: std::time::Instant::now() };
         assert!(matches!(inputs.accept(p), Received::Disconnected), "no such input");
     }
 

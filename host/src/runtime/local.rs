@@ -19,7 +19,7 @@ use crate::checkpoint::recovery::{self, RestorePlan};
 use crate::checkpoint::storage::{CheckpointStore, LoadedCheckpoint};
 use crate::connectors::file_sink::clear_parts;
 use crate::declared::Redistribution;
-use crate::graph::logical::{Alignment, JobGraph, NodeKind, SinkKind, SourceKind};
+use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::graph::physical::PhysicalPlan;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
@@ -375,7 +375,8 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                     .tokens(tokens[ci].as_ref().map(|(_, rx)| rx.clone()))
             })
             .collect();
-        inputs.push(Inputs::new(ins).with_priority(inboxes[si].as_ref().map(|(_, rx)| rx.clone())));
+        let aligned_for = g.checkpoint.as_ref().map_or(Duration::ZERO, |c| c.alignment.aligned_for());
+        inputs.push(Inputs::new(ins).with_priority(inboxes[si].as_ref().map(|(_, rx)| rx.clone()), aligned_for));
         let outs = plan
             .outputs_of(g, s.node, s.subtask)
             .into_iter()
@@ -414,7 +415,7 @@ fn priority_inboxes(
     plan: &PhysicalPlan,
     mine: &[bool],
 ) -> (Vec<Option<(Sender<Priority>, Receiver<Priority>)>>, Vec<(usize, usize)>) {
-    let unaligned = g.checkpoint.as_ref().is_some_and(|c| c.alignment == Alignment::Unaligned);
+    let unaligned = g.checkpoint.as_ref().is_some_and(|c| c.alignment.overtakes());
     let mut inboxes: Vec<Option<(Sender<Priority>, Receiver<Priority>)>> = Vec::new();
     let mut at_input = Vec::new();
     if !unaligned {

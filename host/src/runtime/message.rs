@@ -34,4 +34,6 @@ pub struct Priority {
     pub sent: u64,
     /// Messages produced before the snapshot that never enter the channel.
     pub carried: Vec<Message>,
+    /// When the checkpoint was triggered (its alignment timeout counts from there).
+    pub started: std::time::Instant,
 }

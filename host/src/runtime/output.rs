@@ -436,14 +436,14 @@ impl Output {
     /// carried along, everything produced but not yet in it (the overflow, then the pending
     /// batch). Afterwards nothing waits: the sender is unblocked at once.
     /// A receiver that has ended (its inbox closed) needs no barrier: it is skipped.
-    pub fn unaligned_barrier(&mut self, id: CheckpointId) {
+    pub fn unaligned_barrier(&mut self, id: CheckpointId, started: std::time::Instant) {
         for e in self.edges.iter_mut().filter(|e| !e.ended) {
             for (t, (inbox, input)) in e.priority.iter().enumerate() {
                 let mut carried: Vec<Message> = e.overflow[t].drain(..).collect();
                 if !e.pending[t].is_empty() {
                     carried.push(Message::Data(e.pending[t].take()));
                 }
-                let p = Priority { input: *input, id, sent: e.sent[t], carried };
+                let p = Priority { input: *input, id, sent: e.sent[t], carried, started };
                 let _ = inbox.send(p);
             }
         }
@@ -505,7 +505,7 @@ mod tests {
             emit(&mut out, v);
         }
         assert!(out.blocked(), "records 3 and 4 wait for room");
-        out.unaligned_barrier(CheckpointId(7));
+        out.unaligned_barrier(CheckpointId(7), std::time::Instant::now());
         let p = barriers.try_recv().expect("the barrier went to the priority inbox");
         assert_eq!((p.input, p.id, p.sent), (3, CheckpointId(7), 2), "two messages were in the channel before it");
         assert_eq!(p.carried.iter().map(value).collect::<Vec<_>>(), vec![vec![3], vec![4]]);
@@ -534,7 +534,7 @@ mod tests {
             got.push(value(&rx.try_recv().unwrap()));
         }
         assert_eq!(got, vec![vec![1], vec![2]]);
-        out.unaligned_barrier(CheckpointId(1));
+        out.unaligned_barrier(CheckpointId(1), std::time::Instant::now());
         assert_eq!(barriers.try_recv().unwrap().sent, 2);
     }
 

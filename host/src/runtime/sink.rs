@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
+use crate::checkpoint::alignment_timeout::Step;
 use crate::checkpoint::snapshot::{LoggedBatch, SubtaskState};
-use crate::checkpoint::unaligned::{UnalignOutcome, Unaligner};
+use crate::checkpoint::unaligned::UnalignOutcome;
 use crate::connectors::file_sink::{FileSink, write_line};
 use crate::connectors::kafka::sink::KafkaSink;
 use crate::connectors::postgres_sink::{PgSinkError, PostgresSink};
@@ -263,7 +264,7 @@ impl SinkTask {
     fn unaligned_outcome(
         &mut self,
         un: &mut Unaligned,
-        input: usize,
+        input: Option<usize>,
         o: UnalignOutcome,
         aligner: &mut Aligner,
         align_started: &mut Option<Instant>,
@@ -279,17 +280,18 @@ impl SinkTask {
                 if let Some(i) = self.aborted_early.iter().position(|a| *a == id) {
                     // Aborted before its barrier got here: nothing to pre-commit or log.
                     self.aborted_early.drain(..=i);
-                    un.u.on_cancel(id);
+                    un.t.on_cancel(id);
                     return Ok(false);
                 }
                 let t0 = Instant::now();
                 let state = Self::precommit(&mut self.writer, &self.id, id)?;
-                let timing = Timing { align_ms: 0.0, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
+                let align_ms = un.opened().1;
+                let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
                 un.pending = Some(PendingLog::new(id, state, timing));
                 complete
             }
         };
-        if let Some(p) = un.pending.as_mut() {
+        if let (Some(p), Some(input)) = (un.pending.as_mut(), input) {
             for b in self.inputs.front_batches(input) {
                 p.log(0, b);
             }
@@ -306,6 +308,29 @@ impl SinkTask {
         un.finish(&self.metrics, self.checkpoints.as_mut());
     }
 
+    /// Carries out, in order, what a checkpoint whose barriers overtake records asks for;
+    /// returns whether `Stop` arrived meanwhile.
+    fn unaligned_steps(
+        &mut self,
+        un: &mut Unaligned,
+        steps: Vec<Step>,
+        aligner: &mut Aligner,
+        align_started: &mut Option<Instant>,
+    ) -> Result<bool, TaskFailure> {
+        for s in steps {
+            match s {
+                Step::Unalign(input, o) => {
+                    if self.unaligned_outcome(un, input, o, aligner, align_started)? {
+                        return Ok(true);
+                    }
+                }
+                Step::Decline { old, new } => un.give_up(old, new, self.checkpoints.as_mut()),
+                Step::Complete => self.finish_unaligned(un),
+            }
+        }
+        Ok(false)
+    }
+
     fn run_inner(&mut self) -> Result<(), TaskFailure> {
         // Records in flight at the restored checkpoint are written first.
         for lb in std::mem::take(&mut self.replay) {
@@ -318,23 +343,33 @@ impl SinkTask {
         }
         let mut aligner = Aligner::new(self.inputs.len());
         let mut align_started: Option<Instant> = None;
-        let mut una =
-            self.inputs.priority().is_some().then(|| Unaligned { u: Unaligner::new(self.inputs.len()), pending: None });
+        let aligned_for = self.inputs.aligned_for();
+        let mut una = self.inputs.priority().is_some().then(|| Unaligned::new(self.inputs.len(), aligned_for));
         loop {
             let control = self.checkpoints.as_ref().map(|p| p.control.clone());
-            let parked = |i: usize| aligner.is_parked(i);
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskFailure::Cancelled { task: self.id.clone() });
             }
             for id in self.aborted.drain(..) {
                 if let Some(un) = una.as_mut() {
-                    un.u.on_cancel(id);
+                    un.t.on_cancel(id);
                     un.pending.take_if(|p| p.id == id);
                 }
             }
+            if let Some(mut un) = una.take_if(|u| u.t.is_aligning()) {
+                // A checkpoint aligning here switches to unaligned when its timeout is over.
+                let steps = un.t.poll(Instant::now());
+                let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
+                una = Some(un);
+                if r? {
+                    return Ok(());
+                }
+            }
+            let parked = |i: usize| aligner.is_parked(i) || una.as_ref().is_some_and(|u| u.t.is_parked(i));
             let waited = std::time::Instant::now();
             let received = self.inputs.recv(Some(Duration::from_millis(50)), &parked, control.as_ref());
             self.counters.add_idle(waited.elapsed());
+            let from = if let Received::Message(i, _) = &received { Some(*i) } else { None };
             match received {
                 Received::Idle => {}
                 Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
@@ -347,7 +382,7 @@ impl SinkTask {
                 Received::Message(input, Message::Data(batch)) => {
                     self.counters.add_in(batch.len() as u64, batch.byte_len() as u64);
                     if let Some(un) = una.as_mut()
-                        && un.u.must_log(input)
+                        && un.t.must_log(input)
                         && let Some(p) = un.pending.as_mut()
                     {
                         // In flight across an unaligned checkpoint: its input's barrier has
@@ -362,10 +397,11 @@ impl SinkTask {
                         t.account(0, batch.len() as u64);
                     }
                 }
-                Received::Marker(input, id) => {
+                Received::Marker(input, id, started) => {
                     if let Some(mut un) = una.take() {
-                        let o = un.u.on_barrier(input, id);
-                        let r = self.unaligned_outcome(&mut un, input, o, &mut aligner, &mut align_started);
+                        let drained = self.inputs.in_flight(input) == 0;
+                        let steps = un.t.on_marker(input, id, started, drained, Instant::now());
+                        let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
                         una = Some(un);
                         if r? {
                             return Ok(());
@@ -374,10 +410,13 @@ impl SinkTask {
                 }
                 Received::Message(i, Message::EndOfStream) if una.is_some() => {
                     self.inputs.finish(i);
-                    if let Some(un) = una.as_mut()
-                        && un.u.on_end_of_stream(i).is_some()
-                    {
-                        self.finish_unaligned(un);
+                    if let Some(mut un) = una.take() {
+                        let steps = un.t.on_end_of_stream(i, Instant::now());
+                        let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
+                        una = Some(un);
+                        if r? {
+                            return Ok(());
+                        }
                     }
                 }
                 Received::Message(i, Message::Watermark(wm)) => {
@@ -404,6 +443,18 @@ impl SinkTask {
                         }
                         self.checkpoint(id, s)?;
                     }
+                }
+            }
+            if let Some(i) = from.filter(|&i| self.inputs.in_flight(i) == 0)
+                && let Some(mut un) = una.take()
+            {
+                // The input's records before the aligning checkpoint's barrier are written:
+                // it reached the barrier.
+                let steps = un.t.on_drained(i, Instant::now());
+                let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
+                una = Some(un);
+                if r? {
+                    return Ok(());
                 }
             }
         }

@@ -148,7 +148,7 @@ impl SourceTask {
                 }
                 if self.output.is_unaligned() {
                     // Ahead of everything queued, carrying what waits for room.
-                    self.output.unaligned_barrier(id);
+                    self.output.unaligned_barrier(id, std::time::Instant::now());
                 } else {
                     self.output.broadcast(|| Message::Barrier(id)).map_err(|_| self.disconnected())?;
                     self.output.flush().map_err(|_| self.disconnected())?;
@@ -358,7 +358,7 @@ impl SourceTask {
             // subtasks downstream need not wait for it to drain (one that ended takes none).
             let mut out = output.borrow_mut();
             if out.is_unaligned() {
-                out.unaligned_barrier(c);
+                out.unaligned_barrier(c, std::time::Instant::now());
             }
             if let (SourceReader::Kafka(k), Some(SourcePosition::Kafka { partitions })) =
                 (&mut **reader.borrow_mut(), &final_state.source)

@@ -12,11 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
+use crate::checkpoint::alignment_timeout::{Step, TimedAligner};
 use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
 use crate::checkpoint::evidence::GroupLedger;
 use crate::checkpoint::snapshot::LoggedBatch;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
-use crate::checkpoint::unaligned::{UnalignOutcome, Unaligner};
+use crate::checkpoint::unaligned::UnalignOutcome;
 use crate::graph::logical::Side;
 use crate::ids::{CheckpointId, TaskId};
 use crate::operator::{OperatorFactory, OperatorLogic};
@@ -144,18 +145,36 @@ impl Drop for PendingLog {
     }
 }
 
-/// Extra state of a task under unaligned checkpoints.
+/// Extra state of a task whose barriers overtake records (unaligned checkpoints, also those
+/// that align first for `alignment_timeout_ms`).
 pub(crate) struct Unaligned {
-    pub(crate) u: Unaligner,
+    pub(crate) t: TimedAligner,
     pub(crate) pending: Option<PendingLog>,
 }
 
 impl Unaligned {
+    /// A task with `inputs` inputs whose checkpoints align for up to `aligned_for`.
+    pub(crate) fn new(inputs: usize, aligned_for: Duration) -> Self {
+        Unaligned { t: TimedAligner::new(inputs, aligned_for), pending: None }
+    }
+
     /// Declines `old`, superseded here by checkpoint `id`.
     pub(crate) fn decline(old: Option<CheckpointId>, id: CheckpointId, participant: Option<&mut Participant>) {
         if let (Some(old), Some(p)) = (old, participant) {
             p.decline(old, format!("the barrier of checkpoint {id} arrived before checkpoint {old} was complete here"));
         }
+    }
+
+    /// Gives `old` up for `id`: declined, its snapshot and log dropped.
+    pub(crate) fn give_up(&mut self, old: CheckpointId, id: CheckpointId, participant: Option<&mut Participant>) {
+        Self::decline(Some(old), id, participant);
+        self.pending.take_if(|p| p.id == old);
+    }
+
+    /// When the switched checkpoint was triggered (its barriers carry it on) and how long it
+    /// aligned here, in ms.
+    pub(crate) fn opened(&self) -> (Instant, f64) {
+        self.t.opened().map_or((Instant::now(), 0.0), |(t, d)| (t, d.as_secs_f64() * 1e3))
     }
 
     /// Every input delivered the open checkpoint's barrier: the state copied at the first one
@@ -873,10 +892,11 @@ impl OperatorTask {
             UnalignOutcome::Start { id, declined, complete } => {
                 Unaligned::decline(declined, id, self.checkpoints.as_mut());
                 // Downstream can start at once: the barrier goes ahead of the queued output.
-                self.output.unaligned_barrier(id);
+                let (started, align_ms) = un.opened();
+                self.output.unaligned_barrier(id, started);
                 let t0 = Instant::now();
                 let state = self.snapshot_state(id)?;
-                let timing = Timing { align_ms: 0.0, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
+                let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
                 // A loop's records in flight count against its in-flight budget until written.
                 let budget = self.inputs.feedback_budget();
                 un.pending = Some(PendingLog { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
@@ -901,6 +921,18 @@ impl OperatorTask {
     /// the writer.
     fn finish_unaligned(&mut self, un: &mut Unaligned) {
         un.finish(&self.metrics, self.checkpoints.as_mut());
+    }
+
+    /// Carries out, in order, what a checkpoint whose barriers overtake records asks for.
+    fn unaligned_steps(&mut self, un: &mut Unaligned, steps: Vec<Step>) -> Result<(), TaskFailure> {
+        for s in steps {
+            match s {
+                Step::Unalign(input, o) => self.unaligned_outcome(un, input, o)?,
+                Step::Decline { old, new } => un.give_up(old, new, self.checkpoints.as_mut()),
+                Step::Complete => self.finish_unaligned(un),
+            }
+        }
+        Ok(())
     }
 
     /// Carries out a loop head's checkpoint decision.
@@ -975,14 +1007,21 @@ impl OperatorTask {
         });
         let mut aligner = Aligner::new(self.inputs.len());
         let mut align_started: Option<Instant> = None;
-        let mut una =
-            self.inputs.priority().is_some().then(|| Unaligned { u: Unaligner::new(self.inputs.len()), pending: None });
+        // A loop head cannot align (its back-edges bring its own barrier back only after it
+        // snapshots): its checkpoints are unaligned from the first barrier.
+        let aligned_for = if head.is_some() { Duration::ZERO } else { self.inputs.aligned_for() };
+        let mut una = self.inputs.priority().is_some().then(|| Unaligned::new(self.inputs.len(), aligned_for));
         loop {
             let control = self.checkpoints.as_ref().map(|p| p.control.clone());
-            let is_parked = |head: &Option<Head>, aligner: &Aligner, i: usize| match head {
+            let is_parked = |head: &Option<Head>, aligner: &Aligner, una: &Option<Unaligned>, i: usize| match head {
                 Some(h) => h.lh.is_parked(i),
-                None => aligner.is_parked(i),
+                None => aligner.is_parked(i) || una.as_ref().is_some_and(|u| u.t.is_parked(i)),
             };
+            if let Some(un) = una.as_mut().filter(|u| u.t.is_aligning()) {
+                // A checkpoint aligning here switches to unaligned when its timeout is over.
+                let steps = un.t.poll(Instant::now());
+                self.unaligned_steps(un, steps)?;
+            }
             let mut received = match self.deferred.pop_front() {
                 Some(c) => Received::Control(c),
                 // Output waits for room (unaligned checkpoints): no input is read meanwhile,
@@ -991,7 +1030,7 @@ impl OperatorTask {
                     Some(r) => r,
                     None => continue,
                 },
-                None => self.inputs.recv(None, &|i| is_parked(&head, &aligner, i), control.as_ref()),
+                None => self.inputs.recv(None, &|i| is_parked(&head, &aligner, &una, i), control.as_ref()),
             };
             if matches!(received, Received::Idle) {
                 // No data ready: flush, fire processing timers, check cancellation and loop
@@ -1020,12 +1059,13 @@ impl OperatorTask {
                     let idle = Instant::now();
                     received = self.inputs.recv(
                         Some(Duration::from_millis(wait)),
-                        &|i| is_parked(&head, &aligner, i),
+                        &|i| is_parked(&head, &aligner, &una, i),
                         control.as_ref(),
                     );
                     self.counters.add_idle(idle.elapsed());
                 }
             }
+            let from = if let Received::Message(i, _) = &received { Some(*i) } else { None };
             match received {
                 Received::Idle => {}
                 Received::Disconnected => return Err(TaskFailure::Disconnected { task: self.id.clone() }),
@@ -1040,8 +1080,8 @@ impl OperatorTask {
                             // them any more: it starts at the trigger (its back-edges return
                             // the barrier).
                             if head.as_ref().is_some_and(|h| h.lh.regular_inputs_ended()) {
-                                let o = un.u.on_trigger(id);
-                                self.unaligned_outcome(un, None, o)?;
+                                let steps = un.t.on_trigger(id, Instant::now());
+                                self.unaligned_steps(un, steps)?;
                             }
                         } else if let Some(mut h) = head.take() {
                             let o = h.lh.on_trigger(id);
@@ -1066,7 +1106,7 @@ impl OperatorTask {
                             align_started = None;
                         }
                         if let Some(un) = una.as_mut() {
-                            un.u.on_cancel(id);
+                            un.t.on_cancel(id);
                             un.pending.take_if(|p| p.id == id);
                         }
                         if let Some(h) = head.as_mut() {
@@ -1105,7 +1145,7 @@ impl OperatorTask {
                         p.log(s, &batch);
                     }
                     if let Some(un) = una.as_mut()
-                        && un.u.must_log(i)
+                        && un.t.must_log(i)
                         && let Some(p) = un.pending.as_mut()
                     {
                         // In flight across an unaligned checkpoint: its input's barrier has
@@ -1144,10 +1184,11 @@ impl OperatorTask {
                         self.checkpoint(id, started)?;
                     }
                 }
-                Received::Marker(i, id) => {
+                Received::Marker(i, id, started) => {
                     if let Some(un) = una.as_mut() {
-                        let o = un.u.on_barrier(i, id);
-                        self.unaligned_outcome(un, Some(i), o)?;
+                        let drained = self.inputs.in_flight(i) == 0;
+                        let steps = un.t.on_marker(i, id, started, drained, Instant::now());
+                        self.unaligned_steps(un, steps)?;
                     }
                 }
                 Received::Message(i, Message::EndOfStream) if una.is_some() => {
@@ -1157,10 +1198,9 @@ impl OperatorTask {
                         // through the loop head's aligner with unaligned checkpoints).
                         let _ = h.lh.on_end_of_stream(i);
                     }
-                    if let Some(un) = una.as_mut()
-                        && un.u.on_end_of_stream(i).is_some()
-                    {
-                        self.finish_unaligned(un);
+                    if let Some(un) = una.as_mut() {
+                        let steps = un.t.on_end_of_stream(i, Instant::now());
+                        self.unaligned_steps(un, steps)?;
                     }
                     if let Some(wm) = self.inputs.advance() {
                         self.advance_watermark(wm)?;
@@ -1183,6 +1223,14 @@ impl OperatorTask {
                         self.account(0);
                     }
                 }
+            }
+            if let (Some(un), Some(i)) = (una.as_mut(), from)
+                && self.inputs.in_flight(i) == 0
+            {
+                // The input's records before the aligning checkpoint's barrier are consumed:
+                // it reached the barrier.
+                let steps = un.t.on_drained(i, Instant::now());
+                self.unaligned_steps(un, steps)?;
             }
         }
         self.fire_pending_processing_timers()?;
@@ -1277,7 +1325,7 @@ impl OperatorTask {
         self.snapshot_streaming(c, 0.0)?;
         if self.output.is_unaligned() {
             // A subtask downstream that has ended takes no barrier any more: that is fine.
-            self.output.unaligned_barrier(c);
+            self.output.unaligned_barrier(c, Instant::now());
         }
         self.drain_all()
     }
