@@ -6,8 +6,9 @@
 //! is. The sources of an attempt hold back their end of input while a fault planned for that
 //! attempt has not fired ([`FaultPlan::holds_input`]); once one holds, the record condition counts
 //! as met (the input is exhausted) and checkpoints keep completing, so every fault that fires on a
-//! record, at idle or at a barrier comes due before the job can end. `WhileLogging` faults need
-//! records circulating on a back-edge and are not held for.
+//! record, at idle or at a barrier comes due before the job can end. A `WhileLogging` fault
+//! fires on a record logged while a loop head's (or an unaligned checkpoint's) log is open, and
+//! once the input is held — records may stop circulating then — also when such a log opens.
 
 use std::sync::Mutex;
 
@@ -71,11 +72,7 @@ impl FaultPlan {
     /// attempt's input as exhausted, which meets every record condition of its faults.
     pub fn holds_input(&self, attempt: u32) -> bool {
         let fired = self.fired.lock().unwrap();
-        let pending = self
-            .faults
-            .iter()
-            .zip(fired.iter())
-            .any(|(f, d)| !*d && f.attempt == attempt && f.kind != FaultKind::WhileLogging);
+        let pending = self.faults.iter().zip(fired.iter()).any(|(f, d)| !*d && f.attempt == attempt);
         if pending {
             let mut held = self.held.lock().unwrap();
             if !held.contains(&attempt) {
@@ -83,6 +80,11 @@ impl FaultPlan {
             }
         }
         pending
+    }
+
+    /// Whether the sources of `attempt` hold back their end of input for a fault.
+    pub fn is_held(&self, attempt: u32) -> bool {
+        self.held.lock().unwrap().contains(&attempt)
     }
 
     fn records_met(&self, f: &Fault, records: u64) -> bool {
@@ -146,7 +148,7 @@ impl FaultPlan {
     /// Whether to fail now, while logging back-edge records.
     pub fn due_while_logging(&self, attempt: u32, node: &str, subtask: u32, records: u64, checkpoints: u64) -> bool {
         self.take(attempt, node, subtask, |f| {
-            f.kind == FaultKind::WhileLogging && records >= f.after_records && checkpoints >= f.after_checkpoints
+            f.kind == FaultKind::WhileLogging && self.records_met(f, records) && checkpoints >= f.after_checkpoints
         })
         .is_some()
     }
@@ -220,7 +222,8 @@ mod tests {
         assert!(p.holds_input(0), "the trap is pending");
         assert!(p.due(0, "op", 0, 10, 2).is_none(), "held, but too few checkpoints");
         assert_eq!(p.due(0, "op", 0, 10, 3), Some(FaultKind::GuestTrap));
-        assert!(!p.holds_input(0), "a WhileLogging fault alone holds nothing");
-        assert!(!p.due_while_logging(0, "op", 0, 10, 0), "WhileLogging still needs its records");
+        assert!(p.holds_input(0), "the WhileLogging fault is pending too");
+        assert!(p.due_while_logging(0, "op", 0, 10, 0), "held: its record condition is met");
+        assert!(!p.holds_input(0), "every fault fired");
     }
 }

@@ -95,6 +95,8 @@ impl Participant {
     /// its back-edge log) will never be written.
     pub fn aborted(&mut self, id: CheckpointId) {
         self.incremental.dropped(id);
+        // Nobody waits for its answer: a subtask whose input ended does not snapshot it.
+        self.triggered.remove(&id);
     }
 
     /// A snapshot for `id` was taken.

@@ -838,6 +838,15 @@ impl OperatorTask {
         Ok(())
     }
 
+    /// Failure injection at a log that just opened: a `WhileLogging` fault fires here once the
+    /// sources hold their input for it (records may no longer circulate to be logged).
+    fn fault_at_log_start(&self, id: CheckpointId) -> Result<(), TaskFailure> {
+        match &self.faults {
+            Some(f) if f.plan.is_held(f.attempt) => self.fault_while_logging(id),
+            _ => Ok(()),
+        }
+    }
+
     /// Failure injection: fail here, with checkpoint `id` in flight, if the plan says so.
     fn fault_at_barrier(&self, id: CheckpointId) -> Result<(), TaskFailure> {
         if let Some(f) = &self.faults {
@@ -901,6 +910,7 @@ impl OperatorTask {
                 let budget = self.inputs.feedback_budget();
                 un.pending = Some(PendingLog { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
                 self.fault_at_barrier(id)?;
+                self.fault_at_log_start(id)?;
                 complete
             }
         };
@@ -953,6 +963,7 @@ impl OperatorTask {
                 let budget = self.inputs.feedback_budget();
                 h.pending = Some(PendingLog { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
                 self.fault_at_barrier(id)?;
+                self.fault_at_log_start(id)?;
                 if let Some(c) = h.lh.complete_now() {
                     self.head_outcome(h, HeadOutcome::Complete(c))?;
                 }
