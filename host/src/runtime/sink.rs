@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::alignment::{AlignOutcome, Aligner};
-use crate::checkpoint::alignment_timeout::Step;
+use crate::checkpoint::alignment_timeout::{Step, TimedAligner};
 use crate::checkpoint::snapshot::{LoggedBatch, SubtaskState};
 use crate::checkpoint::unaligned::UnalignOutcome;
 use crate::connectors::file_sink::{FileSink, write_line};
@@ -308,9 +308,23 @@ impl SinkTask {
         un.finish(&self.metrics, self.checkpoints.as_mut());
     }
 
-    /// Carries out, in order, what a checkpoint whose barriers overtake records asks for;
-    /// returns whether `Stop` arrived meanwhile.
+    /// Carries out, in order, what `event` (fed to the task's checkpoint state machine) asks
+    /// for, if barriers overtake records here; returns whether `Stop` arrived meanwhile.
     fn unaligned_steps(
+        &mut self,
+        una: &mut Option<Unaligned>,
+        aligner: &mut Aligner,
+        align_started: &mut Option<Instant>,
+        event: impl FnOnce(&mut TimedAligner, &Inputs) -> Vec<Step>,
+    ) -> Result<bool, TaskFailure> {
+        let Some(mut un) = una.take() else { return Ok(false) };
+        let steps = event(&mut un.t, &self.inputs);
+        let r = self.run_steps(&mut un, steps, aligner, align_started);
+        *una = Some(un);
+        r
+    }
+
+    fn run_steps(
         &mut self,
         un: &mut Unaligned,
         steps: Vec<Step>,
@@ -356,14 +370,11 @@ impl SinkTask {
                     un.pending.take_if(|p| p.id == id);
                 }
             }
-            if let Some(mut un) = una.take_if(|u| u.t.is_aligning()) {
-                // A checkpoint aligning here switches to unaligned when its timeout is over.
-                let steps = un.t.poll(Instant::now());
-                let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
-                una = Some(un);
-                if r? {
-                    return Ok(());
-                }
+            // A checkpoint aligning here switches to unaligned when its timeout is over.
+            if una.as_ref().is_some_and(|u| u.t.is_aligning())
+                && self.unaligned_steps(&mut una, &mut aligner, &mut align_started, |t, _| t.poll(Instant::now()))?
+            {
+                return Ok(());
             }
             let parked = |i: usize| aligner.is_parked(i) || una.as_ref().is_some_and(|u| u.t.is_parked(i));
             let waited = std::time::Instant::now();
@@ -398,25 +409,18 @@ impl SinkTask {
                     }
                 }
                 Received::Marker(input, id, started) => {
-                    if let Some(mut un) = una.take() {
-                        let drained = self.inputs.in_flight(input) == 0;
-                        let steps = un.t.on_marker(input, id, started, drained, Instant::now());
-                        let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
-                        una = Some(un);
-                        if r? {
-                            return Ok(());
-                        }
+                    let marker = |t: &mut TimedAligner, inputs: &Inputs| {
+                        t.on_marker(input, id, started, inputs.in_flight(input) == 0, Instant::now())
+                    };
+                    if self.unaligned_steps(&mut una, &mut aligner, &mut align_started, marker)? {
+                        return Ok(());
                     }
                 }
                 Received::Message(i, Message::EndOfStream) if una.is_some() => {
                     self.inputs.finish(i);
-                    if let Some(mut un) = una.take() {
-                        let steps = un.t.on_end_of_stream(i, Instant::now());
-                        let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
-                        una = Some(un);
-                        if r? {
-                            return Ok(());
-                        }
+                    let ended = |t: &mut TimedAligner, _: &Inputs| t.on_end_of_stream(i, Instant::now());
+                    if self.unaligned_steps(&mut una, &mut aligner, &mut align_started, ended)? {
+                        return Ok(());
                     }
                 }
                 Received::Message(i, Message::Watermark(wm)) => {
@@ -445,17 +449,15 @@ impl SinkTask {
                     }
                 }
             }
+            // The input's records before the aligning checkpoint's barrier are written: it
+            // reached the barrier.
             if let Some(i) = from.filter(|&i| self.inputs.in_flight(i) == 0)
-                && let Some(mut un) = una.take()
+                && una.as_ref().is_some_and(|u| u.t.is_aligning())
+                && self.unaligned_steps(&mut una, &mut aligner, &mut align_started, |t, _| {
+                    t.on_drained(i, Instant::now())
+                })?
             {
-                // The input's records before the aligning checkpoint's barrier are written:
-                // it reached the barrier.
-                let steps = un.t.on_drained(i, Instant::now());
-                let r = self.unaligned_steps(&mut un, steps, &mut aligner, &mut align_started);
-                una = Some(un);
-                if r? {
-                    return Ok(());
-                }
+                return Ok(());
             }
         }
         // Every input ended: barriers from upstream are not taken any more.

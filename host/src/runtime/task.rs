@@ -118,6 +118,12 @@ impl PendingLog {
         PendingLog { id, state, log: Vec::new(), timing, budget: None, log_bytes: 0 }
     }
 
+    /// Charges what it logs to `budget` (a loop's in-flight budget).
+    fn charged(mut self, budget: Option<Arc<FeedbackBudget>>) -> Self {
+        self.budget = budget;
+        self
+    }
+
     /// Keeps a batch that was in transit on a back-edge, charging it to the budget.
     pub(crate) fn log(&mut self, side: u8, batch: &Batch) {
         let bytes = batch.as_bytes().to_vec();
@@ -907,8 +913,7 @@ impl OperatorTask {
                 let state = self.snapshot_state(id)?;
                 let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
                 // A loop's records in flight count against its in-flight budget until written.
-                let budget = self.inputs.feedback_budget();
-                un.pending = Some(PendingLog { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
+                un.pending = Some(PendingLog::new(id, state, timing).charged(self.inputs.feedback_budget()));
                 self.fault_at_barrier(id)?;
                 self.fault_at_log_start(id)?;
                 complete
@@ -960,8 +965,7 @@ impl OperatorTask {
                 let t0 = Instant::now();
                 let state = self.snapshot_state(id)?;
                 let timing = Timing { align_ms, sync_ms: t0.elapsed().as_secs_f64() * 1e3, async_ms: 0.0 };
-                let budget = self.inputs.feedback_budget();
-                h.pending = Some(PendingLog { id, state, log: Vec::new(), timing, budget, log_bytes: 0 });
+                h.pending = Some(PendingLog::new(id, state, timing).charged(self.inputs.feedback_budget()));
                 self.fault_at_barrier(id)?;
                 self.fault_at_log_start(id)?;
                 if let Some(c) = h.lh.complete_now() {
@@ -1235,7 +1239,7 @@ impl OperatorTask {
                     }
                 }
             }
-            if let (Some(un), Some(i)) = (una.as_mut(), from)
+            if let (Some(un), Some(i)) = (una.as_mut().filter(|u| u.t.is_aligning()), from)
                 && self.inputs.in_flight(i) == 0
             {
                 // The input's records before the aligning checkpoint's barrier are consumed:
