@@ -40,6 +40,11 @@ pub(crate) struct Runtime {
     pub watermark: i64,
     /// The host's clock as read once in the current export call (`None` until asked).
     pub clock: Option<i64>,
+    /// The disk backend pages keyed state (`page-in` was called): `snapshot` hands out no
+    /// keyed state, restored entries count as changed.
+    pub paged: bool,
+    /// A page-out being handed out in chunks.
+    pub paging_out: Option<crate::driver::PageOut>,
 }
 
 impl Runtime {
@@ -54,6 +59,8 @@ impl Runtime {
             snapshot: None,
             watermark: i64::MIN,
             clock: None,
+            paged: false,
+            paging_out: None,
         }
     }
 

@@ -188,12 +188,18 @@ fn take_snapshot(rt: &mut Runtime, checkpoint: u64, mode: types::SnapshotMode) -
     if !continuing {
         // The barrier: freeze (an unfinished earlier snapshot is abandoned; the host starts
         // over with a full one), then hand out the first chunk.
-        for s in &rt.keyed {
-            s.table.borrow_mut().freeze(full);
+        if !rt.paged {
+            for s in &rt.keyed {
+                s.table.borrow_mut().freeze(full);
+            }
         }
         rt.snapshot = Some(InProgress { checkpoint, full, next_slot: 0 });
     }
     let mut keyed = Vec::new();
+    if rt.paged {
+        // The host snapshots its store: nothing keyed to hand out.
+        rt.snapshot.as_mut().expect("just set").next_slot = groups;
+    }
     let (mut bytes, mut walked) = (0, 0);
     rt.blob_hint.0.resize(groups, 0);
     rt.blob_hint.1.resize(groups, 0);
@@ -322,8 +328,8 @@ fn restore_state<Op: Operator>(rt: &mut Runtime, from: u32, state: &types::Opera
                 let key = c.chunk()?;
                 let value = c.chunk()?;
                 match convert(name, value)? {
-                    Some(v) => table.insert_encoded(slot, key, &v),
-                    None => table.insert_encoded(slot, key, value),
+                    Some(v) => table.insert_encoded(slot, key, &v, rt.paged),
+                    None => table.insert_encoded(slot, key, value, rt.paged),
                 }
                 .map_err(|e| e.context(format!("state `{name}`")))?;
             }
@@ -351,4 +357,115 @@ fn restore_state<Op: Operator>(rt: &mut Runtime, from: u32, state: &types::Opera
         }
     }
     Ok(())
+}
+
+/// `page-in` export (the disk backend): the listed keys' entries, unchanged.
+pub fn page_in<Op: Operator>(slot: &Slot<Op>, state: Vec<types::KeyGroupState>) -> Result<(), String> {
+    let inst = slot.instance()?;
+    page_in_state(&mut inst.rt, &state).map_err(|e| e.to_string())
+}
+
+fn page_in_state(rt: &mut Runtime, state: &[types::KeyGroupState]) -> Result<()> {
+    if !rt.paged {
+        rt.paged = true;
+        for s in &rt.keyed {
+            s.table.borrow_mut().track();
+        }
+    }
+    for kg in state {
+        let slot = rt.slot_of(kg.key_group).ok_or_else(|| {
+            Error::msg(format!(
+                "page-in handed key group {} to a subtask owning [{}, {})",
+                kg.key_group, rt.task.key_group_start, rt.task.key_group_end
+            ))
+        })?;
+        let mut c = Cursor::new(&kg.data);
+        for _ in 0..c.u32()? {
+            let name = std::str::from_utf8(c.chunk()?).map_err(|_| Error::msg("corrupt page: state name"))?;
+            let reg =
+                rt.keyed.iter().find(|r| r.name == name).ok_or_else(|| {
+                    Error::msg(format!("page-in names keyed state `{name}`, which is not registered"))
+                })?;
+            let mut table = reg.table.borrow_mut();
+            for _ in 0..c.u32()? {
+                let key = c.chunk()?;
+                let value = c.chunk()?;
+                table.insert_encoded(slot, key, value, false).map_err(|e| e.context(format!("state `{name}`")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `page-out` export (the disk backend): every change since the previous one as delta
+/// blobs, in chunks; once the last is handed out, the evicted keys are forgotten.
+pub fn page_out<Op: Operator>(
+    slot: &Slot<Op>,
+    evict: &[u8],
+    evict_all: bool,
+) -> Result<Vec<types::KeyGroupState>, String> {
+    let inst = slot.instance()?;
+    page_out_state(&mut inst.rt, evict, evict_all).map_err(|e| e.to_string())
+}
+
+/// A page-out being handed out in chunks: the keys to forget once it is done.
+pub(crate) struct PageOut {
+    next_slot: usize,
+    evict: Vec<u8>,
+    all: bool,
+}
+
+fn page_out_state(rt: &mut Runtime, evict: &[u8], evict_all: bool) -> Result<Vec<types::KeyGroupState>> {
+    // A page-out is an incremental snapshot, handed out in chunks (the host calls again
+    // while the reply ends with "more follows", processing nothing in between): freeze (the
+    // epoch advances, so what changes next is the next page's), changed groups' deltas, thaw.
+    if rt.paging_out.is_none() {
+        rt.snapshot = None;
+        for s in &rt.keyed {
+            s.table.borrow_mut().freeze(false);
+        }
+        rt.paging_out = Some(PageOut { next_slot: 0, evict: evict.to_vec(), all: evict_all });
+    }
+    let groups = rt.group_count();
+    let mut out = Vec::new();
+    let (mut bytes, mut walked) = (0, 0);
+    loop {
+        let slot = match rt.paging_out.as_mut() {
+            Some(p) if p.next_slot < groups && bytes < SNAPSHOT_CHUNK_BYTES && walked < SNAPSHOT_CHUNK_ENTRIES => {
+                p.next_slot += 1;
+                p.next_slot - 1
+            }
+            _ => break,
+        };
+        walked += rt.keyed.iter().map(|s| s.table.borrow().len(slot)).sum::<usize>();
+        let mut data = Vec::new();
+        encode_group(&rt.keyed, slot, &mut data, true)?;
+        if data.len() > 4 {
+            bytes += data.len();
+            out.push(types::KeyGroupState { key_group: rt.task.key_group_start + slot as u32, data });
+        }
+    }
+    if rt.paging_out.as_ref().is_some_and(|p| p.next_slot < groups) {
+        out.push(types::KeyGroupState { key_group: MORE, data: Vec::new() });
+        return Ok(out);
+    }
+    let done = rt.paging_out.take().expect("a page-out in progress");
+    for s in &rt.keyed {
+        s.table.borrow_mut().thaw();
+    }
+    if done.all {
+        for s in &rt.keyed {
+            s.table.borrow_mut().forget_all();
+        }
+    } else {
+        let mut reader = RecordReader::new(&done.evict);
+        while let Some(rec) = reader.next_record()? {
+            if let Some(slot) = rt.slot_of(rec.key_group) {
+                for s in &rt.keyed {
+                    s.table.borrow_mut().forget(slot, rec.key);
+                }
+            }
+        }
+    }
+    Ok(out)
 }

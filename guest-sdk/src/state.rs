@@ -166,8 +166,15 @@ pub(crate) trait ErasedTable {
     fn write_group(&mut self, slot: usize, out: &mut Vec<u8>) -> Result<u32>;
     /// Every group was handed out: the snapshot is over.
     fn thaw(&mut self);
-    /// Inserts one entry decoded from `value` into group `slot` (unchanged).
-    fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()>;
+    /// Inserts one entry decoded from `value` into group `slot`: unchanged, or (`changed`)
+    /// as if written now (the next delta lists it).
+    fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8], changed: bool) -> Result<()>;
+    /// Remembers removals from now on (the disk backend's pages: every change goes back).
+    fn track(&mut self);
+    /// Drops `key` from group `slot` without it counting as a removal (the host has it).
+    fn forget(&mut self, slot: usize, key: &[u8]);
+    /// Drops every entry without it counting as removals.
+    fn forget_all(&mut self);
     /// `key`'s current value in group `slot` as JSON text, if it has one (a live query).
     fn query_json(&self, slot: usize, key: &[u8]) -> Result<Option<String>>;
 }
@@ -248,10 +255,26 @@ impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
         self.frozen = None;
     }
 
-    fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8]) -> Result<()> {
+    fn insert_encoded(&mut self, slot: usize, key: &[u8], value: &[u8], changed: bool) -> Result<()> {
         let v: V = bincode::deserialize(value)?;
-        self.groups[slot].insert(key.into(), Entry { value: v, stamp: 0 });
+        let stamp = if changed { self.epoch } else { 0 };
+        self.groups[slot].insert(key.into(), Entry { value: v, stamp });
+        self.dirty[slot] |= changed;
         Ok(())
+    }
+
+    fn track(&mut self) {
+        self.tracking = true;
+    }
+
+    fn forget(&mut self, slot: usize, key: &[u8]) {
+        self.groups[slot].remove(key);
+    }
+
+    fn forget_all(&mut self) {
+        for g in &mut self.groups {
+            *g = Table::default();
+        }
     }
 
     fn query_json(&self, slot: usize, key: &[u8]) -> Result<Option<String>> {

@@ -20,6 +20,8 @@ pub struct OperatorInfo {
     pub side_outputs: Vec<String>,
     /// Implements `co-operator`.
     pub two_input: bool,
+    /// Exports `page-in` and `page-out` (worlds `paged-*`): can run on the disk backend.
+    pub pageable: bool,
 }
 
 impl OperatorInfo {

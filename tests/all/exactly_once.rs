@@ -38,6 +38,8 @@ pub(crate) struct Topology {
     pub(crate) unaligned: Option<u64>,
     /// `[checkpoint] alignment_timeout_ms` (instead of `alignment = "unaligned"`).
     pub(crate) alignment_timeout_ms: Option<u64>,
+    /// The oracle on `state_backend = "disk"` with a cache of this many MiB.
+    pub(crate) disk_cache_mb: Option<u64>,
 }
 
 fn one() -> Topology {
@@ -50,6 +52,7 @@ fn one() -> Topology {
         oracle_config: "",
         unaligned: None,
         alignment_timeout_ms: None,
+        disk_cache_mb: None,
     }
 }
 
@@ -63,6 +66,7 @@ pub(crate) fn parallel() -> Topology {
         oracle_config: "",
         unaligned: None,
         alignment_timeout_ms: None,
+        disk_cache_mb: None,
     }
 }
 
@@ -76,6 +80,7 @@ pub(crate) fn two_input() -> Topology {
         oracle_config: "",
         unaligned: None,
         alignment_timeout_ms: None,
+        disk_cache_mb: None,
     }
 }
 
@@ -119,6 +124,9 @@ fn job_toml(t: &Topology) -> String {
         toml_path(&comp),
         t.oracle_p
     );
+    if let Some(mb) = t.disk_cache_mb {
+        s += &format!("state_backend = \"disk\"\nstate_cache_mb = {mb}\n");
+    }
     s += &format!(
         "[[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {}\ninputs = [{{ from = \"oracle\", partition = \"rebalance\" }}]\n{}\
          [[sink]]\nid = \"violations\"\ntype = \"file\"\npath = \"violations\"\ninputs = [{{ from = \"oracle\", output = \"violations\" }}]\n",
@@ -252,6 +260,15 @@ pub(crate) fn check_topology(t: Topology, share: u64) {
     } else if t.alignment_timeout_ms.is_some() {
         let logged: u64 = base.summary.nodes.iter().map(|n| n.inflight_logged).sum();
         assert_eq!(logged, 0, "a checkpoint switched to unaligned before its alignment timeout");
+    }
+    if t.disk_cache_mb.is_some() {
+        let oracle = base.summary.nodes.iter().find(|n| n.id.to_string() == "oracle").unwrap();
+        assert!(
+            oracle.keys_evicted > 0 && oracle.keys_paged_in > 0,
+            "the state must outgrow the disk backend's cache: {} keys evicted, {} paged in",
+            oracle.keys_evicted,
+            oracle.keys_paged_in
+        );
     }
     assert_eq!(base.summary.attempts, 1);
     assert!(base.violations.is_empty(), "{:?}", base.violations);
@@ -494,6 +511,7 @@ fn exactly_once_a_checkpoint_aborted_mid_drain_abandons_it_and_later_restores_ar
         oracle_config: "",
         unaligned: None,
         alignment_timeout_ms: None,
+        disk_cache_mb: None,
     };
     let base_dir = scratch();
     let base = run(&t, base_dir.path(), None);

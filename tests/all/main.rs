@@ -28,6 +28,7 @@ mod record_errors;
 mod s3;
 mod sandbox;
 mod savepoints;
+mod state_disk;
 mod support;
 mod unaligned;
 mod windows;

@@ -2,7 +2,7 @@
 //!
 //! A component implements exactly one world, so its export bindings must be generated in
 //! the operator's own crate. These macros expand to one `wit_bindgen::generate!` for the
-//! `queryable-operator` or `queryable-co-operator` world of `wit/operator.wit` (found through this crate's
+//! `paged-operator` or `paged-co-operator` world of `wit/operator.wit` (found through this crate's
 //! location) that reuses the SDK's import bindings, plus a `Guest` impl that forwards each
 //! export to the SDK's driver.
 
@@ -70,6 +70,12 @@ mod __weir_export {{
         fn query_state(state: ::std::string::String, key_group: u32, key: ::std::vec::Vec<u8>) -> ::core::result::Result<::core::option::Option<::std::string::String>, ::std::string::String> {{
             driver::query_state(&SLOT, &state, key_group, &key)
         }}
+        fn page_in(state: ::std::vec::Vec<types::KeyGroupState>) -> ::core::result::Result<(), ::std::string::String> {{
+            driver::page_in(&SLOT, state)
+        }}
+        fn page_out(evict: ::std::vec::Vec<u8>, evict_all: bool) -> ::core::result::Result<::std::vec::Vec<types::KeyGroupState>, ::std::string::String> {{
+            driver::page_out(&SLOT, &evict, evict_all)
+        }}
     }}
 
     export!(Export);
@@ -79,7 +85,7 @@ mod __weir_export {{
     code.parse().expect("weir-guest-macros generated invalid tokens")
 }
 
-/// Exports a one-input [`Operator`] type as the component's `queryable-operator` world.
+/// Exports a one-input [`Operator`] type as the component's `paged-operator` world.
 ///
 /// ```text
 /// weir_guest::export_operator!(Counter);
@@ -88,19 +94,19 @@ mod __weir_export {{
 pub fn export_operator(input: TokenStream) -> TokenStream {
     expand(
         input,
-        "queryable-operator",
+        "paged-operator",
         r#"fn process(batch: ::std::vec::Vec<u8>) -> ::core::result::Result<(), ::std::string::String> {
             driver::process(&SLOT, batch)
         }"#,
     )
 }
 
-/// Exports a two-input operator (`Operator` + `CoOperator`) as the `queryable-co-operator` world.
+/// Exports a two-input operator (`Operator` + `CoOperator`) as the `paged-co-operator` world.
 #[proc_macro]
 pub fn export_co_operator(input: TokenStream) -> TokenStream {
     expand(
         input,
-        "queryable-co-operator",
+        "paged-co-operator",
         r#"fn process_left(batch: ::std::vec::Vec<u8>) -> ::core::result::Result<(), ::std::string::String> {
             driver::process(&SLOT, batch)
         }

@@ -213,6 +213,7 @@ mod tests {
             states,
             side_outputs: vec![],
             two_input: false,
+            pageable: false,
         }
     }
 

@@ -448,6 +448,8 @@ mod tests {
             component: "/x".into(),
             config: vec![],
             on_error: Default::default(),
+            state_backend: Default::default(),
+            state_cache_mb: None,
         });
         g.nodes[1].id = crate::ids::NodeId::new("op");
         g

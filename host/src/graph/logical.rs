@@ -332,6 +332,21 @@ pub struct OperatorNode {
     pub config: Vec<(String, String)>,
     /// What a record the operator returns an error for does.
     pub on_error: OnError,
+    /// Where its keyed state lives.
+    pub state_backend: StateBackend,
+    /// The disk backend's cache in the guest, MiB, and the job file line that set it.
+    pub state_cache_mb: Option<(u64, usize)>,
+}
+
+/// `state_backend` of an operator: where its keyed state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateBackend {
+    /// In the guest's linear memory (bounded by `memory_mb`): the fastest.
+    #[default]
+    Memory,
+    /// In a store on local disk, with the guest's memory as a bounded cache of the keys in
+    /// use (`operator/paged.rs`): state far larger than `memory_mb`.
+    Disk,
 }
 
 /// `on_error` of an operator.

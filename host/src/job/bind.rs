@@ -9,7 +9,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use wasmtime::Engine;
 
-use crate::graph::logical::{DEAD_LETTER, JobGraph, NodeKind, OnError, Side};
+use crate::graph::logical::{DEAD_LETTER, JobGraph, NodeKind, OnError, Side, StateBackend};
 use crate::graph::partition::Partition;
 use crate::job::JobError;
 use crate::operator::OperatorFactory;
@@ -80,6 +80,19 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, BindError>
                 e.line,
                 format!(
                     "`{}` is a one-input operator ({} {}); remove `side` from its inputs (several inputs are a union)",
+                    node.id, info.name, info.version
+                ),
+            )
+            .into());
+        }
+        let disk = matches!(&node.kind, NodeKind::Operator(o) if o.state_backend == StateBackend::Disk);
+        if disk && !info.pageable {
+            return Err(err(
+                node.line,
+                format!(
+                    "operator `{}` ({} {}) cannot run on state_backend = \"disk\": its component does not page its \
+                     keyed state (the `paged-operator` worlds; the Rust SDK builds them); rebuild it with the current \
+                     Rust SDK (weir-guest) or use state_backend = \"memory\"",
                     node.id, info.name, info.version
                 ),
             )

@@ -13,7 +13,7 @@ use crate::graph::limits::{CEILING, Limits};
 use crate::graph::logical::CheckpointSettings;
 use crate::graph::logical::{
     CheckpointConfig, Edge, EventTimeColumn, GeneratorConfig, Guarantee, JobGraph, Node, NodeKind, OnError,
-    OperatorNode, PostgresTarget, Side, SinkFormat, SinkKind, SourceKind, ValueFormat,
+    OperatorNode, PostgresTarget, Side, SinkFormat, SinkKind, SourceKind, StateBackend, ValueFormat,
 };
 use crate::graph::partition::Partition;
 use crate::graph::restart::RestartStrategy;
@@ -344,11 +344,37 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                 );
             }
         };
+        let state_backend = match o.state_backend.as_ref().map(|s| s.get_ref().as_str()) {
+            None | Some("memory") => StateBackend::Memory,
+            Some("disk") => StateBackend::Disk,
+            Some(other) => {
+                return cx.err(
+                    o.state_backend.as_ref().unwrap().span(),
+                    format!("operator `{id}`: unknown state_backend `{other}`; use \"memory\" or \"disk\""),
+                );
+            }
+        };
+        let state_cache_mb = match &o.state_cache_mb {
+            None => None,
+            Some(c) if state_backend != StateBackend::Disk => {
+                return cx.err(
+                    c.span(),
+                    format!(
+                        "operator `{id}`: state_cache_mb sizes the disk backend's cache; set state_backend = \"disk\" \
+                         or remove it"
+                    ),
+                );
+            }
+            Some(c) if *c.get_ref() == 0 => {
+                return cx.err(c.span(), format!("operator `{id}`: state_cache_mb must be at least 1"));
+            }
+            Some(c) => Some((*c.get_ref(), cx.line(c.span()).unwrap_or(0))),
+        };
         let line = cx.line(o.id.span()).unwrap_or(0);
         nodes.push(Node {
             id,
             parallelism: p,
-            kind: NodeKind::Operator(OperatorNode { component, config, on_error }),
+            kind: NodeKind::Operator(OperatorNode { component, config, on_error, state_backend, state_cache_mb }),
             line,
         });
     }
@@ -595,6 +621,21 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             limits
         }
     };
+    for n in &nodes {
+        if let NodeKind::Operator(OperatorNode { state_cache_mb: Some((mb, line)), .. }) = &n.kind
+            && *mb * 2 > limits.memory_mb
+        {
+            return Err(JobError {
+                file: cx.file.to_path_buf(),
+                line: Some(*line),
+                message: format!(
+                    "operator `{}`: state_cache_mb = {mb} leaves too little of [limits] memory_mb = {} for the rest \
+                     (batches, pages in flight): use at most half of memory_mb",
+                    n.id, limits.memory_mb
+                ),
+            });
+        }
+    }
     Ok(JobGraph {
         name,
         file: cx.file.to_path_buf(),

@@ -194,6 +194,12 @@ pub struct OperatorSpec {
     /// `fail` (default) or `dead-letter`: what a record the operator returns an error for does.
     #[serde(default)]
     pub on_error: Option<Spanned<String>>,
+    /// `memory` (default) or `disk`: where the operator's keyed state lives.
+    #[serde(default)]
+    pub state_backend: Option<Spanned<String>>,
+    /// The disk backend's cache of keys in the guest, MiB (default: a quarter of `memory_mb`).
+    #[serde(default)]
+    pub state_cache_mb: Option<Spanned<u64>>,
 }
 
 /// `[[sink]]`

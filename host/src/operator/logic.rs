@@ -10,7 +10,7 @@ use crate::declared::OperatorInfo;
 use crate::graph::logical::Side;
 use crate::operator::native::NativeKeyedCount;
 use crate::record::Batch;
-use crate::sandbox::bindings::types::{OperatorSnapshot, SnapshotMode, TimeDomain};
+use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::host::HostState;
 use crate::sandbox::instance::{GuestError, LoadedComponent, OperatorInstance};
 
@@ -38,6 +38,17 @@ pub trait OperatorLogic: Send {
     fn query_state(&mut self, state: &str, key_group: u32, key: &[u8]) -> Result<Option<String>, GuestError> {
         let _ = (state, key_group, key);
         Err(GuestError::Failed { call: "query-state", message: "this operator does not answer state queries".into() })
+    }
+    /// `page-in` (the disk backend): these keys' state into the guest's cache.
+    fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
+        let _ = state;
+        Err(GuestError::Failed { call: "page-in", message: "this operator cannot page its keyed state".into() })
+    }
+    /// `page-out` (the disk backend): the changes since the previous one; then the guest
+    /// forgets `evict` (record framing) or every key.
+    fn page_out(&mut self, evict: Vec<u8>, all: bool) -> Result<Vec<KeyGroupState>, GuestError> {
+        let _ = (evict, all);
+        Err(GuestError::Failed { call: "page-out", message: "this operator cannot page its keyed state".into() })
     }
 }
 
@@ -71,6 +82,12 @@ impl OperatorLogic for OperatorInstance {
     }
     fn query_state(&mut self, state: &str, key_group: u32, key: &[u8]) -> Result<Option<String>, GuestError> {
         OperatorInstance::query_state(self, state, key_group, key)
+    }
+    fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
+        OperatorInstance::page_in(self, state)
+    }
+    fn page_out(&mut self, evict: Vec<u8>, all: bool) -> Result<Vec<KeyGroupState>, GuestError> {
+        OperatorInstance::page_out(self, evict, all)
     }
 }
 

@@ -4,5 +4,8 @@
 
 mod logic;
 pub mod native;
+pub mod paged;
+pub mod residency;
+pub mod store;
 
 pub use logic::{OperatorFactory, OperatorLogic};

@@ -33,6 +33,7 @@ pub fn info() -> OperatorInfo {
         }],
         side_outputs: vec![],
         two_input: false,
+        pageable: false,
     }
 }
 

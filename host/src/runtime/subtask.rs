@@ -21,10 +21,10 @@ use crate::connectors::kafka::source::KafkaReader;
 use crate::connectors::nexmark::NexmarkSource;
 use crate::connectors::postgres_sink::{Opening as PostgresOpening, PostgresSink};
 use crate::connectors::throttle::Throttle;
-use crate::graph::logical::{JobGraph, Node, NodeKind, OnError, OperatorNode, SinkKind, SourceKind};
+use crate::graph::logical::{JobGraph, Node, NodeKind, OnError, OperatorNode, SinkKind, SourceKind, StateBackend};
 use crate::graph::physical::SubtaskPlan;
 use crate::ids::TaskId;
-use crate::operator::OperatorFactory;
+use crate::operator::{OperatorFactory, OperatorLogic};
 use crate::runtime::error::{RunError, TaskFailure};
 use crate::runtime::executor::{LATENCY_WARMUP_MS, RunOptions};
 use crate::runtime::input::Inputs;
@@ -210,12 +210,22 @@ fn operator(
     let config = op.config.clone();
     let dead_letter = (op.on_error == OnError::DeadLetter).then(|| component.info().side_outputs.len() as u32 + 1);
     let (limits, quiet, faults) = (g.limits, cx.opts.quiet_guests, cx.faults());
+    let (backend, key_groups) = (op.state_backend, s.key_groups.start..s.key_groups.end);
+    // The guest's cache: as set, else a quarter of its memory (the rest holds batches, the
+    // pages in flight and the allocator's slack).
+    let cache = op.state_cache_mb.map_or(limits.memory_mb << 18, |(mb, _)| mb << 20) as usize;
+    let paging = parts.metrics.paging.clone();
     let ledger = crate::checkpoint::evidence::GroupLedger::new(s.key_groups.start, s.key_groups.end);
     let Parts { id, inputs, output, metrics, counters, cancel, checkpoints, termination, .. } = parts;
     Task::Operator(Box::new(move || {
         let mut host = HostState::new(info, component.info().side_outputs.len() as u32).with_limits(limits);
         host.echo_logs = !quiet;
         let instance = component.instantiate(host).map_err(|e| TaskFailure::Guest { task: id.clone(), source: e })?;
+        let instance = match backend {
+            StateBackend::Memory => instance,
+            StateBackend::Disk => paged(instance, &component, key_groups, cache, paging)
+                .map_err(|message| TaskFailure::Limit { task: id.clone(), message })?,
+        };
         Ok(OperatorTask {
             id,
             instance,
@@ -237,6 +247,21 @@ fn operator(
             dead_letter,
         })
     }))
+}
+
+/// `instance` on the disk backend: a new store, and a guest cache of `cache` bytes.
+fn paged(
+    instance: Box<dyn OperatorLogic>,
+    component: &OperatorFactory,
+    key_groups: std::ops::Range<u32>,
+    cache: usize,
+    paging: std::sync::Arc<crate::operator::paged::PagingCounters>,
+) -> Result<Box<dyn OperatorLogic>, String> {
+    let states = component.info().states.iter().filter(|s| s.keyed).map(|s| s.name.clone()).collect();
+    let dir = crate::operator::paged::fresh_store_dir(&crate::operator::paged::state_root());
+    let p = crate::operator::paged::Paged::new(instance, &dir, states, key_groups, cache, paging)
+        .map_err(|e| format!("{e} (set WEIR_STATE_DIR to a writable directory with space)"))?;
+    Ok(Box::new(p))
 }
 
 fn sink(cx: &Context<'_>, n: &Node, kind: &SinkKind, s: u32, parts: Parts) -> Result<Task, StartError> {

@@ -6,7 +6,7 @@
 
 use crate::checkpoint::compat::{self, Verdict, state_entry};
 use crate::checkpoint::metadata::ComponentEntry;
-use crate::graph::logical::{JobGraph, NodeKind};
+use crate::graph::logical::{JobGraph, NodeKind, StateBackend};
 use crate::graph::partition::Partition;
 use crate::operator::OperatorFactory;
 
@@ -74,6 +74,13 @@ pub fn validate(
         return Err(format!(
             "`{} {}` keeps keyed state but operator `{uid}`'s inputs are not all hash partitioned",
             ni_.name, ni_.version
+        ));
+    }
+    if matches!(&graph.nodes[ni].kind, NodeKind::Operator(o) if o.state_backend == StateBackend::Disk) {
+        return Err(format!(
+            "operator `{uid}` keeps its keyed state on the disk backend (state_backend = \"disk\"); live upgrades \
+             of disk-backed operators are not supported yet: stop the job with a savepoint and restore it with the \
+             new component (savepoints restore into either backend)"
         ));
     }
     if graph.edges.iter().any(|e| e.to == ni && e.feedback) {

@@ -271,6 +271,7 @@ impl LoadedComponent {
                 states: vec![],
                 side_outputs: vec![],
                 two_input: false,
+                pageable: false,
             },
             path: path.into(),
             bytes: std::sync::Arc::new(bytes.to_vec()),
@@ -309,6 +310,7 @@ impl LoadedComponent {
                 .collect(),
             side_outputs: d.side_outputs,
             two_input: matches!(lc.pre, Pre::Two(_)),
+            pageable: inst.page.is_some(),
         };
         Ok(lc)
     }
@@ -338,15 +340,28 @@ impl LoadedComponent {
         // Contract 0.3.1's optional export: components of 0.3.0 (or SDKs without live
         // queries) lack it and still load.
         let query = instance.get_typed_func::<QueryParams, QueryResult>(&mut store, "query-state").ok();
+        // The paged worlds' exports (the disk state backend): both, or the component runs
+        // on the memory backend only.
+        let page_in = instance.get_typed_func::<PageInParams, PageInResult>(&mut store, "page-in").ok();
+        let page_out = instance.get_typed_func::<PageOutParams, PageOutResult>(&mut store, "page-out").ok();
+        let page = page_in.zip(page_out);
         let names =
             |keyed: bool| self.info.states.iter().filter(|s| s.keyed == keyed).map(|s| s.name.clone()).collect();
         let declared = std::sync::Arc::new(Declared { keyed: names(true), other: names(false) });
-        Ok(OperatorInstance { store, inst, declared, query })
+        Ok(OperatorInstance { store, inst, declared, query, page })
     }
 }
 
 type QueryParams = (String, u32, Vec<u8>);
 type QueryResult = (Result<Option<String>, String>,);
+type PageInParams = (Vec<types::KeyGroupState>,);
+type PageInResult = (Result<(), String>,);
+type PageOutParams = (Vec<u8>, bool);
+type PageOutResult = (Result<Vec<types::KeyGroupState>, String>,);
+type PageFuncs = (
+    wasmtime::component::TypedFunc<PageInParams, PageInResult>,
+    wasmtime::component::TypedFunc<PageOutParams, PageOutResult>,
+);
 
 enum Inst {
     One(one::Operator),
@@ -360,6 +375,8 @@ pub struct OperatorInstance {
     declared: std::sync::Arc<Declared>,
     /// `query-state`, when the component exports it (contract 0.3.1 worlds `queryable-*`).
     query: Option<wasmtime::component::TypedFunc<QueryParams, QueryResult>>,
+    /// `page-in` and `page-out`, when the component exports them (worlds `paged-*`).
+    page: Option<PageFuncs>,
 }
 
 /// The state names an operator declared, keyed and not: what its snapshots may name.
@@ -583,11 +600,63 @@ impl OperatorInstance {
         }
     }
 
+    /// `page-in` (the disk backend): puts these keys' state into the guest's cache.
+    pub fn page_in(&mut self, state: Vec<types::KeyGroupState>) -> Result<(), GuestError> {
+        const CALL: &str = "page-in";
+        let (f, _) = self.page.ok_or_else(unpageable(CALL))?;
+        self.arm();
+        let r = f.call(&mut self.store, (state,));
+        let (answer,) = self.finish(CALL, r)?;
+        Self::result(CALL, answer)
+    }
+
+    /// `page-out` (the disk backend): the changes since the previous one, as delta blobs
+    /// (checked against the layout and the declared keyed states), then the guest forgets
+    /// `evict` (record framing) or everything.
+    pub fn page_out(&mut self, evict: Vec<u8>, all: bool) -> Result<Vec<types::KeyGroupState>, GuestError> {
+        const CALL: &str = "page-out";
+        let (_, f) = self.page.ok_or_else(unpageable(CALL))?;
+        self.arm();
+        let r = f.call(&mut self.store, (evict, all));
+        let (answer,) = self.finish(CALL, r)?;
+        let pages = answer.map_err(|message| GuestError::Failed { call: CALL, message: tame(&message) })?;
+        let max_value = (self.store.data().limits.max_state_value_mb << 20) as usize;
+        for p in &pages {
+            let failed = |message: String| GuestError::Failed { call: CALL, message };
+            if p.key_group == u32::MAX && p.data.is_empty() {
+                continue; // "more follows"
+            }
+            if !crate::checkpoint::layout::is_delta(&p.data) {
+                return Err(failed(format!("key group {}: a page-out blob must be a delta", p.key_group)));
+            }
+            let shape = crate::checkpoint::layout::walk(&p.data)
+                .map_err(|e| failed(format!("the page does not follow the state layout: {e}")))?;
+            self.declared.admit(true, &shape.states).map_err(failed)?;
+            if shape.max_value > max_value {
+                return Err(failed(format!(
+                    "a value of {} bytes > max_state_value_mb = {} MiB ([limits] in the job file)",
+                    shape.max_value,
+                    max_value >> 20
+                )));
+            }
+        }
+        Ok(pages)
+    }
+
     /// Takes the records emitted since the last call.
     pub fn take_emitted(&mut self) -> Batch {
         let h = self.store.data_mut();
         let n = std::mem::take(&mut h.emitted_records);
         Batch::from_validated(std::mem::take(&mut h.emitted), n)
+    }
+}
+
+fn unpageable(call: &'static str) -> impl FnOnce() -> GuestError {
+    move || GuestError::Failed {
+        call,
+        message: "the operator's component cannot page its keyed state (it does not build the `paged-operator` \
+                  world): rebuild it with the current Rust SDK (weir-guest), or use state_backend = \"memory\""
+            .into(),
     }
 }
 

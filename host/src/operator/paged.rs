@@ -1,0 +1,330 @@
+//! The disk state backend (`state_backend = "disk"`): an operator whose keyed state lives in
+//! a store on local disk ([`StateStore`]), with the guest's memory as a bounded cache of the
+//! keys in use ([`Residency`]). It wraps the operator's instance and looks like any other
+//! [`OperatorLogic`] to the subtask.
+//!
+//! Invariants:
+//! - before a call, every key of its batch (records or timers) is resident: the missing
+//!   ones are read from the store and paged in with one `page-in` call, so the per-record path
+//!   makes no host call;
+//! - after a call, when the cache passes its budget, one `page-out` takes every change since
+//!   the previous one into the store and drops the coldest quarter of the keys;
+//! - at a checkpoint barrier (the first `snapshot` call of a checkpoint) every change is paged
+//!   out and a read view of the store is taken: the snapshot is that view, handed out in
+//!   chunks of whole key groups as full blobs in the canonical layout (a savepoint restores
+//!   into either backend), while records go on changing the store;
+//! - a restore goes through the guest in chunks of key groups (so it migrates state as on
+//!   the memory backend) and each chunk is paged out into the store at once: the cache never
+//!   holds more than a chunk.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::graph::logical::Side;
+use crate::operator::OperatorLogic;
+use crate::operator::residency::Residency;
+use crate::operator::store::{StateStore, StoreError};
+use crate::record::Batch;
+use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
+use crate::sandbox::host::HostState;
+use crate::sandbox::instance::GuestError;
+
+/// Bytes of key-group blobs one `snapshot` call hands out (about; whole groups), as the
+/// SDKs' chunks on the memory backend.
+pub const CHUNK_BYTES: usize = 256 << 10;
+
+/// The key group of the entry that says "more follows" (`wit/operator.wit`).
+const MORE: u32 = u32::MAX;
+
+/// What the disk backend did, summed over a node's subtasks.
+#[derive(Debug, Default)]
+pub struct PagingCounters {
+    /// Keys read from the store into a guest's cache (with state; keys without are not read).
+    pub keys_paged_in: AtomicU64,
+    /// Keys dropped from a guest's cache to keep it within its budget.
+    pub keys_evicted: AtomicU64,
+    /// Entries written to the store (upserts and removals).
+    pub entries_written: AtomicU64,
+}
+
+/// A checkpoint's snapshot being handed out.
+struct InProgress {
+    checkpoint: u64,
+    view: fjall::Snapshot,
+    next: u32,
+}
+
+/// An operator instance on the disk backend.
+pub struct Paged {
+    inner: Box<dyn OperatorLogic>,
+    store: StateStore,
+    resident: Residency,
+    groups: Range<u32>,
+    snapshot: Option<InProgress>,
+    /// Bytes of keyed state one restore call hands the guest (about; whole groups).
+    restore_chunk: usize,
+    counters: Arc<PagingCounters>,
+    /// The guest's linear memory after the previous call.
+    guest_memory: u64,
+}
+
+impl Paged {
+    /// Wraps `inner` (opened later through [`OperatorLogic::open`]) with a new store in `dir`
+    /// for its keyed states `states`, owning key groups `groups`, with a cache of
+    /// `cache_bytes` in the guest.
+    pub fn new(
+        inner: Box<dyn OperatorLogic>,
+        dir: &Path,
+        states: Vec<String>,
+        groups: Range<u32>,
+        cache_bytes: usize,
+        counters: Arc<PagingCounters>,
+    ) -> Result<Paged, StoreError> {
+        let store = StateStore::open(dir, states, (cache_bytes as u64 / 2).max(8 << 20))?;
+        Ok(Paged {
+            inner,
+            store,
+            resident: Residency::new(cache_bytes),
+            groups,
+            snapshot: None,
+            restore_chunk: (cache_bytes / 4).max(CHUNK_BYTES),
+            counters,
+            guest_memory: 0,
+        })
+    }
+
+    /// Pages in the keys of `batch` the guest does not hold.
+    fn ensure_resident(&mut self, batch: &Batch, call: &'static str) -> Result<(), GuestError> {
+        self.resident.next_call();
+        let mut missing: Vec<(u32, &[u8])> = Vec::new();
+        for r in batch.iter() {
+            if self.groups.contains(&r.tag) && !self.resident.touch(r.tag, r.key) {
+                missing.push((r.tag, r.key));
+            }
+        }
+        self.fetch(missing, call)
+    }
+
+    fn fetch(&mut self, mut keys: Vec<(u32, &[u8])>, call: &'static str) -> Result<(), GuestError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        keys.sort_unstable();
+        let pages = self.store.read(&keys).map_err(store_failed(call))?;
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let bytes: usize = pages.iter().map(|p| p.data.len()).sum();
+        self.resident.observe(keys.len(), bytes);
+        self.counters.keys_paged_in.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        self.inner.page_in(pages)
+    }
+
+    /// Takes the guest's changes into the store, dropping `evict` (or every key) from it.
+    /// The guest hands its changes out in chunks (so a page-out never needs more guest
+    /// memory than a chunk); each is written as it comes.
+    fn write_back(&mut self, evict: Vec<u8>, all: bool) -> Result<(), GuestError> {
+        let mut evict = Some(evict);
+        loop {
+            let mut pages = self.inner.page_out(evict.take().unwrap_or_default(), all)?;
+            let more = pages.last().is_some_and(|p| p.key_group == MORE);
+            if more {
+                pages.pop();
+            }
+            let (entries, bytes) = self.store.apply(&pages).map_err(store_failed("page-out"))?;
+            self.resident.observe(entries, bytes);
+            self.counters.entries_written.fetch_add(entries as u64, Ordering::Relaxed);
+            if !more {
+                break;
+            }
+        }
+        if all {
+            self.resident.clear();
+        }
+        Ok(())
+    }
+
+    /// After a call: evicts the coldest keys when the cache is over its budget, or when the
+    /// guest's memory grew past half its limit (values grow inside the guest, where the
+    /// estimate cannot see them; the allocator reuses what eviction frees, so memory grows
+    /// again only once the cache is full again).
+    fn settle(&mut self) -> Result<(), GuestError> {
+        let host = self.inner.host();
+        let (used, limit) = (host.store_limits.memory_bytes(), host.limits.memory_mb << 20);
+        let heap_full = used > self.guest_memory && used > limit / 2;
+        self.guest_memory = used;
+        if !self.resident.over_budget() && !heap_full {
+            return Ok(());
+        }
+        let mut evict = Batch::default();
+        let cold = self.resident.evict_coldest();
+        self.counters.keys_evicted.fetch_add(cold.len() as u64, Ordering::Relaxed);
+        for (group, key) in cold {
+            evict.push(group, 0, &key, &[]);
+        }
+        self.write_back(evict.as_bytes().to_vec(), false)
+    }
+
+    /// The next chunk of the snapshot in progress: whole key groups' full blobs from the
+    /// read view, and "more follows" while groups remain.
+    fn next_chunk(&mut self) -> Result<Vec<KeyGroupState>, GuestError> {
+        let Some(p) = self.snapshot.as_mut() else { return Ok(Vec::new()) };
+        let (mut keyed, mut bytes) = (Vec::new(), 0);
+        while p.next < self.groups.end && bytes < CHUNK_BYTES {
+            let data = self.store.group_blob(&p.view, p.next).map_err(store_failed("snapshot"))?;
+            if !data.is_empty() {
+                bytes += data.len();
+                keyed.push(KeyGroupState { key_group: p.next, data });
+            }
+            p.next += 1;
+        }
+        if p.next < self.groups.end {
+            keyed.push(KeyGroupState { key_group: MORE, data: Vec::new() });
+        } else {
+            self.snapshot = None;
+        }
+        Ok(keyed)
+    }
+}
+
+fn store_failed(call: &'static str) -> impl Fn(StoreError) -> GuestError {
+    move |e| GuestError::Failed { call, message: e.to_string() }
+}
+
+impl OperatorLogic for Paged {
+    fn host(&mut self) -> &mut HostState {
+        self.inner.host()
+    }
+
+    fn open(&mut self, config: &[(String, String)]) -> Result<(), GuestError> {
+        self.inner.open(config)?;
+        // From here on the guest's keyed state is this cache (see `paged-operator`).
+        self.inner.page_in(Vec::new())
+    }
+
+    fn process(&mut self, side: Side, batch: &Batch) -> Result<(), GuestError> {
+        self.ensure_resident(batch, "process")?;
+        self.inner.process(side, batch)?;
+        self.settle()
+    }
+
+    fn on_timer(&mut self, domain: TimeDomain, timers: &Batch) -> Result<(), GuestError> {
+        self.ensure_resident(timers, "on-timer")?;
+        self.inner.on_timer(domain, timers)?;
+        self.settle()
+    }
+
+    fn on_watermark(&mut self, watermark: i64) -> Result<(), GuestError> {
+        self.inner.on_watermark(watermark)
+    }
+
+    fn snapshot(&mut self, checkpoint: u64, mode: SnapshotMode) -> Result<OperatorSnapshot, GuestError> {
+        let mut operator_state = Vec::new();
+        if self.snapshot.as_ref().is_none_or(|p| p.checkpoint != checkpoint) {
+            // The barrier: every change into the store, the non-keyed state from the guest,
+            // then a read view of the store is the keyed state.
+            self.write_back(Vec::new(), false)?;
+            let snap = self.inner.snapshot(checkpoint, mode)?;
+            if !snap.keyed.is_empty() {
+                return Err(GuestError::Failed {
+                    call: "snapshot",
+                    message: "the operator handed out keyed state from its snapshot while its state is paged \
+                              (the disk backend keeps it): an SDK bug"
+                        .into(),
+                });
+            }
+            operator_state = snap.operator_state;
+            let view = self.store.read_view();
+            self.snapshot = Some(InProgress { checkpoint, view, next: self.groups.start });
+        }
+        Ok(OperatorSnapshot { keyed: self.next_chunk()?, operator_state })
+    }
+
+    fn restore(&mut self, schema_version: u32, state: &OperatorSnapshot) -> Result<(), GuestError> {
+        if state.keyed.is_empty() {
+            return self.inner.restore(schema_version, state);
+        }
+        let mut operator_state = state.operator_state.clone();
+        let mut at = 0;
+        while at < state.keyed.len() {
+            let mut bytes = 0;
+            let end = at
+                + state.keyed[at..]
+                    .iter()
+                    .take_while(|g| {
+                        bytes += g.data.len();
+                        bytes <= self.restore_chunk
+                    })
+                    .count()
+                    .max(1);
+            let part = OperatorSnapshot {
+                keyed: state.keyed[at..end].to_vec(),
+                operator_state: std::mem::take(&mut operator_state),
+            };
+            self.inner.restore(schema_version, &part)?;
+            self.write_back(Vec::new(), true)?;
+            at = end;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), GuestError> {
+        self.inner.close()
+    }
+
+    fn take_emitted(&mut self) -> Batch {
+        self.inner.take_emitted()
+    }
+
+    fn query_state(&mut self, state: &str, key_group: u32, key: &[u8]) -> Result<Option<String>, GuestError> {
+        if self.groups.contains(&key_group) && !self.resident.touch(key_group, key) {
+            self.fetch(vec![(key_group, key)], "query-state")?;
+        }
+        self.inner.query_state(state, key_group, key)
+    }
+
+    fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
+        self.inner.page_in(state)
+    }
+
+    fn page_out(&mut self, evict: Vec<u8>, all: bool) -> Result<Vec<KeyGroupState>, GuestError> {
+        self.inner.page_out(evict, all)
+    }
+}
+
+/// Where the disk backend's stores live: `$WEIR_STATE_DIR`, else the system's temporary
+/// directory, under `weir-state/`.
+pub fn state_root() -> std::path::PathBuf {
+    std::env::var_os("WEIR_STATE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join("weir-state")
+}
+
+/// A fresh directory name for one subtask's store under `root`: `<pid>-<n>` (never a name a
+/// tenant chose). Stores of processes that are gone (killed before they could delete theirs)
+/// are removed first.
+pub fn fresh_store_dir(root: &Path) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_dead(root));
+    root.join(format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// Removes stores whose process no longer runs (best effort).
+fn sweep_dead(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
