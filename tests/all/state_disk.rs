@@ -128,3 +128,123 @@ fn state_disk_keyed_state_ten_times_memory_completes_with_correct_output() {
     golden.sort();
     assert!(lines == golden, "output differs from the expected sequence");
 }
+
+/// A disk-backed oracle job (padded values, many keys) writing checkpoints to `chk`.
+fn big_state_job(name: &str, keys: u64, count: u64, attempts: u32) -> String {
+    format!(
+        "[job]\nname = \"{name}\"\nmax_parallelism = 8\nbatch_size = 64\n\
+         [checkpoint]\ninterval_ms = 20\ndir = \"chk\"\n\
+         [restart]\nstrategy = \"fixed-delay\"\nattempts = {attempts}\ndelay_ms = 5\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\n\
+         [[operator]]\nid = \"oracle\"\ncomponent = {}\nconfig = {{ keys = \"{keys}\", pad = \"2048\" }}\n\
+         state_backend = \"disk\"\nstate_cache_mb = 1\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\ninputs = [{{ from = \"oracle\" }}]\n\
+         [[sink]]\nid = \"violations\"\ntype = \"file\"\npath = \"violations\"\n\
+         inputs = [{{ from = \"oracle\", output = \"violations\" }}]\n",
+        toml_path(&component("test_oracle"))
+    )
+}
+
+fn run_job(dir: &Path, toml: &str, opts: RunOptions) -> Result<RunSummary, String> {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, toml).unwrap();
+    let bound = job::bind::bind(&new_engine().unwrap(), job::parse(&path, toml).unwrap()).unwrap();
+    executor::run(&bound, &RunOptions { quiet_guests: true, ..opts }).map_err(|e| e.to_string())
+}
+
+/// A tmpfs of `mb` MiB mounted at `dir` (root, as the suite's servers need), unmounted on drop.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, mb: u64) -> SmallDisk {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mb}m"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .expect("running mount");
+        assert!(
+            out.status.success(),
+            "mounting a {mb} MiB tmpfs at {} failed (the test needs root): {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The disk backend's store fills its disk (a 12 MiB tmpfs under ~40 MB of state): the job
+/// fails naming the store and the cause, after its restarts; what it committed before stays
+/// exactly-once (no violation, no line twice, every line expected), and its last complete
+/// checkpoint restores on a disk with room into the uninterrupted run's output.
+#[test]
+fn state_disk_a_full_disk_fails_the_job_not_its_committed_output() {
+    let (keys, count) = (20_000u64, 40_000u64);
+    let d = scratch();
+    let small = SmallDisk::mount(&d.path().join("statefs"), 6);
+    // Throttled, so checkpoints complete (and commit output) while the store fills.
+    let toml = big_state_job("disk-full", keys, count, 2).replace("keys = 20000\n", "keys = 20000\nrate = 20000\n");
+    assert!(toml.contains("rate = 20000"));
+    let opts = RunOptions { state_dir: Some(small.0.clone()), ..Default::default() };
+    let e = run_job(d.path(), &toml, opts).unwrap_err();
+    assert!(e.contains("disk state backend's store at") && e.contains("statefs") && e.contains("disk is full"), "{e}");
+    drop(small);
+    let v = committed_lines(&d.path().join("violations"));
+    assert!(v.is_empty(), "oracle violations: {:?}", &v[..v.len().min(5)]);
+    let mut golden: Vec<String> = (0..count).map(|i| format!("{} {}", i % keys, i / keys)).collect();
+    golden.sort();
+    let before = committed_lines(&d.path().join("out"));
+    let mut unique = before.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), before.len(), "a committed line twice");
+    assert!(before.iter().all(|l| golden.binary_search(l).is_ok()), "a committed line not in the input");
+    // From the last complete checkpoint (none, if the disk filled before the first: then
+    // nothing was committed either, and the job starts over).
+    let checkpointed = std::fs::read_dir(d.path().join("chk/disk-full"))
+        .is_ok_and(|mut r| r.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("chk-"))));
+    assert!(checkpointed || before.is_empty(), "output committed without a checkpoint");
+    let restore = checkpointed.then_some(executor::RestoreFrom::Latest);
+    run_job(d.path(), &toml, RunOptions { restore, ..Default::default() }).unwrap();
+    let lines = committed_lines(&d.path().join("out"));
+    assert!(lines == golden, "after the restore: {} lines, {} expected", lines.len(), golden.len());
+}
+
+/// A restore of a disk-backed operator from a checkpoint whose state file is corrupt, or
+/// missing, fails naming the checkpoint and the file (and runs nothing).
+#[test]
+fn state_disk_a_corrupt_or_missing_state_file_at_restore_names_the_checkpoint_and_file() {
+    let d = scratch();
+    let toml = big_state_job("disk-bad", 2_000, 4_000, 1);
+    run_job(d.path(), &toml, RunOptions::default()).unwrap();
+    let job_dir = d.path().join("chk/disk-bad");
+    let mut chks: Vec<_> = std::fs::read_dir(&job_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("chk-"))
+        .collect();
+    chks.sort_by_key(|p| p.file_name().unwrap().to_string_lossy()[4..].parse::<u64>().unwrap());
+    let chk = chks.last().expect("a checkpoint").clone();
+    let name = chk.file_name().unwrap().to_string_lossy().into_owned();
+    let manifest = storage::load(&chk).unwrap().manifest;
+    let entry = &manifest.operators.iter().find(|o| o.uid == "oracle").unwrap().subtasks[0];
+    let file = [chk.join(&entry.file), job_dir.join(&entry.file)].into_iter().find(|f| f.exists()).unwrap();
+    let file_name = entry.file.clone();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mid = (entry.bytes / 2) as usize;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let restore =
+        |p: &Path| RunOptions { restore: Some(executor::RestoreFrom::Path(p.to_path_buf())), ..Default::default() };
+    let e = run_job(d.path(), &toml, restore(&chk)).unwrap_err();
+    assert!(e.contains(&name) && e.contains(&file_name), "{e}");
+    std::fs::remove_file(&file).unwrap();
+    let e = run_job(d.path(), &toml, restore(&chk)).unwrap_err();
+    assert!(e.contains(&name) && e.contains(&file_name), "{e}");
+}

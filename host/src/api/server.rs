@@ -519,6 +519,9 @@ impl Api {
             allow_non_restored_state,
             cpu_group: self.cpu_groups.get(&tenant.name).cloned(),
             disk_budget: Some(self.disk_budget(tenant).map_err(release)?),
+            // Disk-backed operators' stores live in the tenant's directory, charged to its
+            // quota like its sinks' output.
+            state_dir: Some(self.hosting_dir(tenant).map_err(release)?),
             ..Default::default()
         };
         // Refused before it starts: a savepoint its components cannot take over, and so on.

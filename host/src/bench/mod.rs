@@ -8,6 +8,7 @@
 //! a row.
 
 pub mod backpressure;
+pub mod disk;
 pub mod nexmark;
 pub mod report;
 pub mod startup;

@@ -30,6 +30,10 @@ pub struct Variant {
     pub alignment: Option<&'static str>,
     /// `[checkpoint] alignment_timeout_ms`.
     pub alignment_timeout_ms: Option<u64>,
+    /// Every operator's `state_backend` (`memory` or `disk`).
+    pub state_backend: Option<&'static str>,
+    /// `[limits] memory_mb`.
+    pub memory_mb: Option<u64>,
 }
 
 /// A job file the variant cannot be applied to.
@@ -70,6 +74,11 @@ pub fn apply(toml_text: &str, path: &Path, v: &Variant) -> Result<String, Varian
                 };
                 n.insert("component".into(), toml::Value::String(c));
             }
+            if section == "operator"
+                && let Some(b) = v.state_backend
+            {
+                n.insert("state_backend".into(), toml::Value::String(b.into()));
+            }
             if section == "sink" && v.blackhole_sinks {
                 n.retain(|k, _| matches!(k, "id" | "inputs" | "parallelism"));
                 n.insert("type".into(), toml::Value::String("blackhole".into()));
@@ -92,6 +101,14 @@ pub fn apply(toml_text: &str, path: &Path, v: &Variant) -> Result<String, Varian
         if !list.is_empty() {
             t.insert(section.into(), toml::Value::Array(list.into_iter().map(toml::Value::Table).collect()));
         }
+    }
+    if let Some(mb) = v.memory_mb {
+        let l = t
+            .entry("limits")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| err("[limits] is not a table".into()))?;
+        l.insert("memory_mb".into(), toml::Value::Integer(mb as i64));
     }
     if v.interval_ms.is_some() || v.incremental.is_some() || v.alignment.is_some() || v.alignment_timeout_ms.is_some() {
         let c = t

@@ -87,8 +87,9 @@ enum Command {
     /// print the tables (see docs/benchmarks.md).
     Bench {
         /// `j1`, `j3`, `latency`, `all` (those three), `nexmark` (the queries of
-        /// examples/nexmark), or `startup` (job start with and without the compile cache,
-        /// from fresh `weir new` projects).
+        /// examples/nexmark), `startup` (job start with and without the compile cache,
+        /// from fresh `weir new` projects), `backpressure` (checkpoint durations aligned vs
+        /// unaligned) or `disk` (J1 and J3 on the disk state backend vs memory).
         #[arg(default_value = "all")]
         scenario: String,
         /// `startup`: the languages (comma-separated: rust, c, js, python).
@@ -734,6 +735,11 @@ fn real_main(cli: Cli) -> Result<()> {
                 );
                 return Ok(weir::bench::backpressure::backpressure(&opts)?);
             }
+            if scenario == "disk" {
+                weir::bench::check_components(&opts.dir)?;
+                println!("# weir bench disk: {} cores", std::thread::available_parallelism().map_or(1, |p| p.get()));
+                return Ok(weir::bench::disk::disk(&opts)?);
+            }
             if scenario == "startup" {
                 println!("# weir bench startup: {} cores", std::thread::available_parallelism().map_or(1, |p| p.get()));
                 return Ok(weir::bench::startup::startup(&opts, &lang)?);
@@ -748,7 +754,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 "j1" | "all" => Some(weir::bench::j1(&opts)?),
                 "j3" | "latency" => None,
                 other => anyhow::bail!(
-                    "unknown benchmark `{other}`; use j1, j3, latency, all, nexmark, startup or backpressure"
+                    "unknown benchmark `{other}`; use j1, j3, latency, all, nexmark, startup, backpressure or disk"
                 ),
             };
             if matches!(scenario.as_str(), "j3" | "all") {
@@ -1065,6 +1071,7 @@ fn run_job(
             cpu_group: None,
             hold_input: None,
             disk_budget: None,
+            state_dir: None,
             gate: None,
         };
         let started_unix_ms =

@@ -623,7 +623,7 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
     };
     for n in &nodes {
         if let NodeKind::Operator(OperatorNode { state_cache_mb: Some((mb, line)), .. }) = &n.kind
-            && *mb * 2 > limits.memory_mb
+            && *mb > limits.memory_mb / 2
         {
             return Err(JobError {
                 file: cx.file.to_path_buf(),

@@ -11,8 +11,14 @@
 //!   the previous one into the store and drops the coldest quarter of the keys;
 //! - at a checkpoint barrier (the first `snapshot` call of a checkpoint) every change is paged
 //!   out and a read view of the store is taken: the snapshot is that view, handed out in
-//!   chunks of whole key groups as full blobs in the canonical layout (a savepoint restores
-//!   into either backend), while records go on changing the store;
+//!   chunks of whole key groups in the canonical layout (a savepoint restores into either
+//!   backend), while records go on changing the store;
+//! - with incremental checkpoints the store records which keys each page-out changed, in
+//!   the current change epoch; a barrier closes the epoch, and an incremental snapshot is, per
+//!   key group with state, a delta of the keys changed up to it with their values in the view
+//!   (what the memory backend's SDKs write too); a group's changes are forgotten once it went
+//!   out (full or delta), later epochs' stay. A snapshot abandoned half-way leaves the rest
+//!   recorded, and the next one is full anyway (`checkpoint/incremental.rs`);
 //! - a restore goes through the guest in chunks of key groups (so it migrates state as on
 //!   the memory backend) and each chunk is paged out into the store at once: the cache never
 //!   holds more than a chunk.
@@ -25,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::graph::logical::Side;
 use crate::operator::OperatorLogic;
 use crate::operator::residency::Residency;
-use crate::operator::store::{StateStore, StoreError};
+use crate::operator::store::{ReadView, StateStore, StoreError};
 use crate::record::Batch;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
 use crate::sandbox::host::HostState;
@@ -52,8 +58,26 @@ pub struct PagingCounters {
 /// A checkpoint's snapshot being handed out.
 struct InProgress {
     checkpoint: u64,
-    view: fjall::Snapshot,
+    view: ReadView,
     next: u32,
+    /// Full blobs (else deltas of the changes up to `epoch`).
+    full: bool,
+    /// The change epoch the barrier closed.
+    epoch: u64,
+}
+
+/// What a disk-backed subtask pages.
+pub struct Setup {
+    /// The operator's declared keyed states, in order.
+    pub states: Vec<String>,
+    /// The key groups the subtask owns.
+    pub groups: Range<u32>,
+    /// Bytes of the guest's cache.
+    pub cache_bytes: usize,
+    /// Incremental checkpoints: the store tracks what changed between barriers.
+    pub track: bool,
+    /// The tenant's disk budget (`weir serve`): what goes into the store is charged to it.
+    pub budget: Option<Arc<crate::disk_budget::DiskBudget>>,
 }
 
 /// An operator instance on the disk backend.
@@ -68,34 +92,40 @@ pub struct Paged {
     counters: Arc<PagingCounters>,
     /// The guest's linear memory after the previous call.
     guest_memory: u64,
+    /// Incremental checkpoints: changes are recorded with `epoch`, which each barrier closes.
+    track: bool,
+    epoch: u64,
+    budget: Option<Arc<crate::disk_budget::DiskBudget>>,
 }
 
 impl Paged {
-    /// Wraps `inner` (opened later through [`OperatorLogic::open`]) with a new store in `dir`
-    /// for its keyed states `states`, owning key groups `groups`, with a cache of
-    /// `cache_bytes` in the guest.
+    /// Wraps `inner` (opened later through [`OperatorLogic::open`]) with a new store in `dir`.
     pub fn new(
         inner: Box<dyn OperatorLogic>,
         dir: &Path,
-        states: Vec<String>,
-        groups: Range<u32>,
-        cache_bytes: usize,
+        setup: Setup,
         counters: Arc<PagingCounters>,
     ) -> Result<Paged, StoreError> {
+        let Setup { states, groups, cache_bytes, track, budget } = setup;
+        let count = states.len();
         let store = StateStore::open(dir, states, (cache_bytes as u64 / 2).max(8 << 20))?;
         Ok(Paged {
             inner,
             store,
-            resident: Residency::new(cache_bytes),
+            resident: Residency::new(cache_bytes, count),
             groups,
             snapshot: None,
             restore_chunk: (cache_bytes / 4).max(CHUNK_BYTES),
             counters,
             guest_memory: 0,
+            track,
+            epoch: 1,
+            budget,
         })
     }
 
-    /// Pages in the keys of `batch` the guest does not hold.
+    /// Pages in the keys of `batch` the guest does not hold, after making room for them
+    /// (older keys go first: the batch's are the newest).
     fn ensure_resident(&mut self, batch: &Batch, call: &'static str) -> Result<(), GuestError> {
         self.resident.next_call();
         let mut missing: Vec<(u32, &[u8])> = Vec::new();
@@ -104,22 +134,35 @@ impl Paged {
                 missing.push((r.tag, r.key));
             }
         }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        self.settle()?;
         self.fetch(missing, call)
     }
 
+    /// Reads `keys` from the store and hands their state to the guest, in calls of at most a
+    /// restore chunk each (a batch of large values never needs one huge allocation).
     fn fetch(&mut self, mut keys: Vec<(u32, &[u8])>, call: &'static str) -> Result<(), GuestError> {
-        if keys.is_empty() {
-            return Ok(());
-        }
         keys.sort_unstable();
-        let pages = self.store.read(&keys).map_err(store_failed(call))?;
-        if pages.is_empty() {
-            return Ok(());
-        }
-        let bytes: usize = pages.iter().map(|p| p.data.len()).sum();
-        self.resident.observe(keys.len(), bytes);
+        let (pages, entries) = self.store.read(&keys).map_err(store_failed(call))?;
         self.counters.keys_paged_in.fetch_add(keys.len() as u64, Ordering::Relaxed);
-        self.inner.page_in(pages)
+        let bytes: usize = pages.iter().map(|p| p.data.len()).sum();
+        self.resident.observe(entries, bytes);
+        let mut part = Vec::new();
+        let mut part_bytes = 0;
+        for p in pages {
+            if part_bytes + p.data.len() > self.restore_chunk && !part.is_empty() {
+                self.inner.page_in(std::mem::take(&mut part))?;
+                part_bytes = 0;
+            }
+            part_bytes += p.data.len();
+            part.push(p);
+        }
+        if !part.is_empty() {
+            self.inner.page_in(part)?;
+        }
+        Ok(())
     }
 
     /// Takes the guest's changes into the store, dropping `evict` (or every key) from it.
@@ -127,13 +170,36 @@ impl Paged {
     /// memory than a chunk); each is written as it comes.
     fn write_back(&mut self, evict: Vec<u8>, all: bool) -> Result<(), GuestError> {
         let mut evict = Some(evict);
+        // One call per owned group at most, plus the last: a guest that keeps saying "more"
+        // is refused, not followed forever.
+        let mut calls_left = self.groups.len() + 2;
         loop {
             let mut pages = self.inner.page_out(evict.take().unwrap_or_default(), all)?;
             let more = pages.last().is_some_and(|p| p.key_group == MORE);
             if more {
                 pages.pop();
             }
-            let (entries, bytes) = self.store.apply(&pages).map_err(store_failed("page-out"))?;
+            calls_left -= 1;
+            let refused = |message: String| GuestError::Failed { call: "page-out", message };
+            if more && calls_left == 0 {
+                return Err(refused(format!(
+                    "still \"more follows\" after {} calls for {} key groups",
+                    self.groups.len() + 1,
+                    self.groups.len()
+                )));
+            }
+            if let Some(p) = pages.iter().find(|p| !self.groups.contains(&p.key_group)) {
+                return Err(refused(format!(
+                    "a page of key group {}, which this subtask does not own ([{}, {}))",
+                    p.key_group, self.groups.start, self.groups.end
+                )));
+            }
+            let epoch = self.track.then_some(self.epoch);
+            if let Some(b) = &self.budget {
+                let bytes = pages.iter().map(|p| p.data.len() as u64).sum();
+                b.charge(bytes).map_err(|message| GuestError::Failed { call: "page-out", message })?;
+            }
+            let (entries, bytes) = self.store.apply(&pages, epoch).map_err(store_failed("page-out"))?;
             self.resident.observe(entries, bytes);
             self.counters.entries_written.fetch_add(entries as u64, Ordering::Relaxed);
             if !more {
@@ -173,7 +239,15 @@ impl Paged {
         let Some(p) = self.snapshot.as_mut() else { return Ok(Vec::new()) };
         let (mut keyed, mut bytes) = (Vec::new(), 0);
         while p.next < self.groups.end && bytes < CHUNK_BYTES {
-            let data = self.store.group_blob(&p.view, p.next).map_err(store_failed("snapshot"))?;
+            let data = if p.full {
+                self.store.group_blob(&p.view, p.next)
+            } else {
+                self.store.group_delta(&p.view, p.next, p.epoch)
+            }
+            .map_err(store_failed("snapshot"))?;
+            if self.track {
+                self.store.forget_changes(&p.view, p.next, p.epoch).map_err(store_failed("snapshot"))?;
+            }
             if !data.is_empty() {
                 bytes += data.len();
                 keyed.push(KeyGroupState { key_group: p.next, data });
@@ -237,7 +311,9 @@ impl OperatorLogic for Paged {
             }
             operator_state = snap.operator_state;
             let view = self.store.read_view();
-            self.snapshot = Some(InProgress { checkpoint, view, next: self.groups.start });
+            let full = !self.track || matches!(mode, SnapshotMode::Full);
+            self.snapshot = Some(InProgress { checkpoint, view, next: self.groups.start, full, epoch: self.epoch });
+            self.epoch += 1;
         }
         Ok(OperatorSnapshot { keyed: self.next_chunk()?, operator_state })
     }
@@ -279,10 +355,18 @@ impl OperatorLogic for Paged {
     }
 
     fn query_state(&mut self, state: &str, key_group: u32, key: &[u8]) -> Result<Option<String>, GuestError> {
-        if self.groups.contains(&key_group) && !self.resident.touch(key_group, key) {
-            self.fetch(vec![(key_group, key)], "query-state")?;
+        if self.groups.contains(&key_group)
+            && !self.resident.touch(key_group, key)
+            && let Err(e) = self.fetch(vec![(key_group, key)], "query-state")
+        {
+            // Not in the guest: the next batch with this key must page it in.
+            self.resident.forget(key_group, key);
+            return Err(e);
         }
-        self.inner.query_state(state, key_group, key)
+        let answer = self.inner.query_state(state, key_group, key);
+        // Queries page keys in too: they count against the cache like batches.
+        self.settle()?;
+        answer
     }
 
     fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
@@ -303,23 +387,37 @@ pub fn state_root() -> std::path::PathBuf {
         .join("weir-state")
 }
 
-/// A fresh directory name for one subtask's store under `root`: `<pid>-<n>` (never a name a
-/// tenant chose). Stores of processes that are gone (killed before they could delete theirs)
-/// are removed first.
+/// A fresh directory for one subtask's store under `root` (created private, `0700`):
+/// `<host>-<pid>-<n>`, never a name a tenant chose. Stores this host's processes left behind
+/// when they were killed are removed first; other hosts' (a shared directory, containers with
+/// their own process ids) are never touched.
 pub fn fresh_store_dir(root: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(root);
+    let host = host_name();
     static SWEPT: std::sync::Once = std::sync::Once::new();
-    SWEPT.call_once(|| sweep_dead(root));
-    root.join(format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)))
+    SWEPT.call_once(|| sweep_dead(root, &host));
+    root.join(format!("{host}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)))
 }
 
-/// Removes stores whose process no longer runs (best effort).
-fn sweep_dead(root: &Path) {
+/// This host's name, reduced to `[A-Za-z0-9.]` (it becomes part of a path).
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = name.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '.').take(64).collect();
+    if name.is_empty() { "host".into() } else { name }
+}
+
+/// Removes the stores of `host`'s processes that no longer run (best effort).
+fn sweep_dead(root: &Path, host: &str) {
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for e in entries.flatten() {
         let name = e.file_name();
-        let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(host)).and_then(|n| n.strip_prefix('-')) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
         if let Some(pid) = pid
             && pid != std::process::id()
             && !Path::new(&format!("/proc/{pid}")).exists()

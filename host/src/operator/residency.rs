@@ -23,6 +23,8 @@ pub struct Residency {
     keys: FxHashMap<Box<[u8]>, u64>,
     tick: u64,
     budget: usize,
+    /// Declared keyed states: a key holds up to one entry in each.
+    states: usize,
     /// Average bytes per resident key's values, from pages (starts at 64).
     value_bytes: f64,
     key_bytes: usize,
@@ -32,9 +34,16 @@ pub struct Residency {
 pub type ResidentKey = (u32, Box<[u8]>);
 
 impl Residency {
-    /// An empty cache of `budget` bytes.
-    pub fn new(budget: usize) -> Residency {
-        Residency { keys: FxHashMap::default(), tick: 0, budget, value_bytes: 64.0, key_bytes: 0 }
+    /// An empty cache of `budget` bytes for an operator with `states` keyed states.
+    pub fn new(budget: usize, states: usize) -> Residency {
+        Residency {
+            keys: FxHashMap::default(),
+            tick: 0,
+            budget,
+            states: states.max(1),
+            value_bytes: 64.0,
+            key_bytes: 0,
+        }
     }
 
     /// A new call begins: its keys are the newest.
@@ -71,10 +80,21 @@ impl Residency {
         }
     }
 
-    /// Estimated bytes the cache holds.
+    /// Estimated bytes the cache holds (a key counted with an entry in every keyed state:
+    /// an overestimate when it has fewer).
     pub fn estimated_bytes(&self) -> usize {
-        let per_key = self.value_bytes as usize + ENTRY_OVERHEAD;
-        self.key_bytes + self.keys.len() * per_key
+        let per_key = self.states * (self.value_bytes as usize + ENTRY_OVERHEAD);
+        self.key_bytes * self.states + self.keys.len() * per_key
+    }
+
+    /// Drops `key` of `group` (its page-in failed: it is not in the guest).
+    pub fn forget(&mut self, group: u32, key: &[u8]) {
+        let mut k = Vec::with_capacity(4 + key.len());
+        k.extend_from_slice(&group.to_le_bytes());
+        k.extend_from_slice(key);
+        if self.keys.remove(&k[..]).is_some() {
+            self.key_bytes -= key.len();
+        }
     }
 
     /// Resident keys.
@@ -127,7 +147,7 @@ mod tests {
 
     #[test]
     fn evicts_the_least_recently_used_quarter_never_the_current_call() {
-        let mut r = Residency::new(1);
+        let mut r = Residency::new(1, 1);
         for i in 0..8u32 {
             r.next_call();
             assert!(!r.touch(i % 2, &i.to_le_bytes()));
@@ -136,11 +156,11 @@ mod tests {
         assert!(r.touch(0, &0u32.to_le_bytes()), "key 0 is resident and now the newest");
         let mut out = r.evict_coldest();
         out.sort();
-        assert_eq!(out, vec![(1, 1u32.to_le_bytes().into()), (0, 2u32.to_le_bytes().into())]);
+        assert_eq!(out, vec![(0, 2u32.to_le_bytes().into()), (1, 1u32.to_le_bytes().into())]);
         assert_eq!(r.len(), 6);
         assert!(!r.touch(1, &1u32.to_le_bytes()), "evicted keys page in again");
         // Only keys of the current call left: nothing to evict.
-        let mut only = Residency::new(1);
+        let mut only = Residency::new(1, 1);
         only.next_call();
         only.touch(0, b"a");
         assert!(only.evict_coldest().is_empty());
@@ -148,7 +168,7 @@ mod tests {
 
     #[test]
     fn the_budget_follows_what_pages_carry() {
-        let mut r = Residency::new(10_000);
+        let mut r = Residency::new(10_000, 1);
         r.next_call();
         for i in 0..50u32 {
             r.touch(0, &i.to_le_bytes());
@@ -158,6 +178,8 @@ mod tests {
             r.observe(10, 10_000);
         }
         assert!(r.over_budget(), "values of ~1000 bytes: {} bytes", r.estimated_bytes());
+        r.forget(0, &0u32.to_le_bytes());
+        assert_eq!(r.len(), 49);
         r.clear();
         assert!(r.is_empty() && r.estimated_bytes() == 0);
     }

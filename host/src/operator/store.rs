@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle, Snapshot};
 use thiserror::Error;
 
-use crate::checkpoint::layout::{self, NamedState};
+use crate::checkpoint::layout::{self, DeltaState, NamedState};
 use crate::sandbox::bindings::types::KeyGroupState;
 
 /// Bytes of the key prefix: key group and state ordinal.
@@ -26,21 +26,25 @@ const PREFIX: usize = 6;
 /// fjall sleeps writers (100-500 ms at a time) when its memtables pass 90 % of the write
 /// buffer or its journals 90 % of the journal limit: both are sized far above what one
 /// memtable takes, so flushing keeps up and nobody sleeps.
-const WRITE_BUFFER: u64 = 64 << 20;
-const JOURNAL: u64 = 256 << 20;
-/// The longest record key the store takes (fjall's key limit, less the prefix).
-pub const MAX_KEY_BYTES: usize = 65_536 - PREFIX;
+const MEMTABLE: u32 = 8 << 20;
+const WRITE_BUFFER: u64 = 32 << 20;
+const JOURNAL: u64 = 128 << 20;
+/// The longest record key the store takes (fjall's key limit of 65,535 bytes, less the
+/// prefix; fjall asserts it, so it is checked here first).
+pub const MAX_KEY_BYTES: usize = 65_535 - PREFIX;
 
 /// A failure of the store.
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// The LSM tree failed (I/O: a full disk, a removed directory).
-    #[error("the disk state backend's store at {dir}: {source}")]
+    #[error("the disk state backend's store at {dir}: {source}{hint}")]
     Io {
         /// The store's directory.
         dir: PathBuf,
         /// The cause.
         source: fjall::Error,
+        /// What to do, when the disk is full.
+        hint: String,
     },
     /// A page that breaks the state layout or names an undeclared state.
     #[error("key group {key_group}: {what}")]
@@ -57,6 +61,9 @@ pub struct StateStore {
     dir: PathBuf,
     keyspace: Keyspace,
     data: PartitionHandle,
+    /// Incremental checkpoints: the keys (as in `data`) changed since the snapshot that last
+    /// handed out their group, each with the change epoch it was last written in.
+    changed: PartitionHandle,
     /// Declared keyed states, in ordinal order.
     states: Vec<String>,
 }
@@ -66,7 +73,7 @@ impl StateStore {
     /// keyed states `states`, with `cache_bytes` of block cache and twice as much write
     /// buffer (memtables: smaller ones flush and compact so often that writes stall).
     pub fn open(dir: &Path, states: Vec<String>, cache_bytes: u64) -> Result<StateStore, StoreError> {
-        let io = |source| StoreError::Io { dir: dir.to_path_buf(), source };
+        let io = |source| io_error(dir, source);
         let keyspace = Config::new(dir)
             .temporary(true)
             .manual_journal_persist(true)
@@ -77,18 +84,20 @@ impl StateStore {
             .compaction_workers(1)
             .open()
             .map_err(io)?;
-        let data = keyspace.open_partition("keyed", PartitionCreateOptions::default()).map_err(io)?;
-        Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, states })
+        let opts = || PartitionCreateOptions::default().max_memtable_size(MEMTABLE);
+        let data = keyspace.open_partition("keyed", opts()).map_err(io)?;
+        let changed = keyspace.open_partition("changed", opts()).map_err(io)?;
+        Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changed, states })
     }
 
     fn io<E: Into<fjall::Error>>(&self) -> impl Fn(E) -> StoreError + '_ {
-        |e| StoreError::Io { dir: self.dir.clone(), source: e.into() }
+        |e| io_error(&self.dir, e.into())
     }
 
     /// The page-in blobs of `keys` (key group, key), one full blob per key group that has
-    /// state for any of them; keys without state are left out.
-    pub fn read(&self, keys: &[(u32, &[u8])]) -> Result<Vec<KeyGroupState>, StoreError> {
-        let mut out = Vec::new();
+    /// state for any of them (keys without state are left out), and the entries they hold.
+    pub fn read(&self, keys: &[(u32, &[u8])]) -> Result<(Vec<KeyGroupState>, usize), StoreError> {
+        let (mut out, mut found) = (Vec::new(), 0);
         let mut at = 0;
         while at < keys.len() {
             let group = keys[at].0;
@@ -96,12 +105,14 @@ impl StateStore {
             let mut named: Vec<NamedState> = Vec::new();
             for (ordinal, name) in self.states.iter().enumerate() {
                 let mut entries = Vec::new();
-                for &(_, key) in &keys[at..end] {
+                // A key too long for the store was never written to it: no state.
+                for &(_, key) in keys[at..end].iter().filter(|(_, k)| k.len() <= MAX_KEY_BYTES) {
                     if let Some(v) = self.data.get(store_key(group, ordinal, key)).map_err(self.io())? {
                         entries.push((key.to_vec(), v.to_vec()));
                     }
                 }
                 if !entries.is_empty() {
+                    found += entries.len();
                     named.push(NamedState { name: name.clone(), entries });
                 }
             }
@@ -110,12 +121,12 @@ impl StateStore {
             }
             at = end;
         }
-        Ok(out)
+        Ok((out, found))
     }
 
-    /// Writes pages (delta blobs: upserts and removals) in one atomic batch; returns the
-    /// entries and bytes written.
-    pub fn apply(&self, pages: &[KeyGroupState]) -> Result<(usize, usize), StoreError> {
+    /// Writes pages (delta blobs: upserts and removals) in one atomic batch, with `epoch`
+    /// recording each key as changed in that epoch; returns the entries and bytes written.
+    pub fn apply(&self, pages: &[KeyGroupState], epoch: Option<u64>) -> Result<(usize, usize), StoreError> {
         let mut batch = self.keyspace.batch();
         let (mut entries, mut bytes) = (0, 0);
         for p in pages {
@@ -134,6 +145,9 @@ impl StateStore {
                     let k = store_key(p.key_group, ordinal, &key);
                     entries += 1;
                     bytes += key.len() + value.as_ref().map_or(0, Vec::len);
+                    if let Some(e) = epoch {
+                        batch.insert(&self.changed, k.clone(), e.to_be_bytes());
+                    }
                     match value {
                         Some(v) => batch.insert(&self.data, k, v),
                         None => batch.remove(&self.data, k),
@@ -149,16 +163,18 @@ impl StateStore {
         self.states.iter().position(|s| s == name)
     }
 
-    /// A read view of the store as it is now (a checkpoint's barrier).
-    pub fn read_view(&self) -> Snapshot {
-        self.data.snapshot()
+    /// A read view of the store as it is now (a checkpoint's barrier): its state and its
+    /// changes, at one instant.
+    pub fn read_view(&self) -> ReadView {
+        let at = self.keyspace.instant();
+        ReadView { data: self.data.snapshot_at(at), changed: self.changed.snapshot_at(at) }
     }
 
     /// Key group `group`'s full blob in `view` (empty: no state).
-    pub fn group_blob(&self, view: &Snapshot, group: u32) -> Result<Vec<u8>, StoreError> {
+    pub fn group_blob(&self, view: &ReadView, group: u32) -> Result<Vec<u8>, StoreError> {
         let mut named: Vec<NamedState> = Vec::new();
         let mut current = usize::MAX;
-        for kv in view.prefix(group.to_be_bytes()) {
+        for kv in view.data.prefix(group.to_be_bytes()) {
             let (k, v) = kv.map_err(self.io())?;
             let ordinal = u16::from_be_bytes([k[4], k[5]]) as usize;
             if ordinal != current {
@@ -171,10 +187,88 @@ impl StateStore {
         Ok(layout::encode(&named))
     }
 
+    /// Key group `group`'s delta blob in `view`: the keys changed in epochs up to `epoch`
+    /// with their values in the view (upserts) or none (removals). Empty when the group has
+    /// no state in the view (its absence says so; a delta would patch a state it no longer
+    /// has).
+    pub fn group_delta(&self, view: &ReadView, group: u32, epoch: u64) -> Result<Vec<u8>, StoreError> {
+        if view.data.prefix(group.to_be_bytes()).next().transpose().map_err(self.io())?.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut states: Vec<DeltaState> = Vec::new();
+        let mut current = usize::MAX;
+        for kv in view.changed.prefix(group.to_be_bytes()) {
+            let (k, e) = kv.map_err(self.io())?;
+            if epoch_of(&e) > epoch {
+                continue;
+            }
+            let ordinal = u16::from_be_bytes([k[4], k[5]]) as usize;
+            if ordinal != current {
+                states.push((self.states.get(ordinal).cloned().unwrap_or_default(), Vec::new()));
+                current = ordinal;
+            }
+            let value = view.data.get(&k).map_err(self.io())?.map(|v| v.to_vec());
+            states.last_mut().expect("pushed").1.push((k[PREFIX..].to_vec(), value));
+        }
+        Ok(layout::encode_delta(&states))
+    }
+
+    /// Forgets the changes of key group `group` in epochs up to `epoch` (they went out with a
+    /// snapshot); later changes of the same keys stay.
+    pub fn forget_changes(&self, view: &ReadView, group: u32, epoch: u64) -> Result<(), StoreError> {
+        let mut batch = self.keyspace.batch();
+        for kv in view.changed.prefix(group.to_be_bytes()) {
+            let (k, _) = kv.map_err(self.io())?;
+            let now = self.changed.get(&k).map_err(self.io())?;
+            if now.is_some_and(|e| epoch_of(&e) <= epoch) {
+                batch.remove(&self.changed, k);
+            }
+        }
+        batch.commit().map_err(self.io())
+    }
+
     /// Bytes the store takes on disk.
     pub fn disk_bytes(&self) -> u64 {
         self.keyspace.disk_space()
     }
+}
+
+/// `source` at the store in `dir`, saying so when its disk is full (fjall reports a failed
+/// write as a poisoned tree from then on, so the file system is asked).
+fn io_error(dir: &Path, source: fjall::Error) -> StoreError {
+    let hint = match free_bytes(dir) {
+        Some((free, total)) if free < total / 100 + (1 << 20) => format!(
+            " (its disk is full: {} MiB free of {} MiB; give the disk backend more room: WEIR_STATE_DIR)",
+            free >> 20,
+            total >> 20
+        ),
+        _ => String::new(),
+    };
+    StoreError::Io { dir: dir.to_path_buf(), source, hint }
+}
+
+/// Free and total bytes of the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid C string and `st` a writable statvfs the call fills.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let block = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * block, st.f_blocks as u64 * block))
+}
+
+/// A read view of the store at one instant: what a checkpoint hands out.
+pub struct ReadView {
+    data: Snapshot,
+    changed: Snapshot,
+}
+
+fn epoch_of(v: &[u8]) -> u64 {
+    v.try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX)
 }
 
 fn store_key(group: u32, ordinal: usize, key: &[u8]) -> Vec<u8> {
@@ -188,7 +282,7 @@ fn store_key(group: u32, ordinal: usize, key: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::layout::{DeltaState, decode, encode_delta};
+    use crate::checkpoint::layout::{apply_delta, decode, encode_delta};
 
     fn store(dir: &Path) -> StateStore {
         StateStore::open(&dir.join("s"), vec!["count".into(), "seen".into()], 1 << 20).unwrap()
@@ -207,14 +301,18 @@ mod tests {
     fn pages_out_and_in_again_by_key_and_a_group_reads_back_whole() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        s.apply(&[
-            page(3, &[up("count", &[("a", Some("1")), ("b", Some("2"))]), up("seen", &[("a", Some("x"))])]),
-            page(4, &[up("count", &[("a", Some("9"))])]),
-        ])
+        s.apply(
+            &[
+                page(3, &[up("count", &[("a", Some("1")), ("b", Some("2"))]), up("seen", &[("a", Some("x"))])]),
+                page(4, &[up("count", &[("a", Some("9"))])]),
+            ],
+            None,
+        )
         .unwrap();
         let before = s.read_view();
-        s.apply(&[page(3, &[up("count", &[("b", None), ("c", Some("3"))])])]).unwrap();
-        let got = s.read(&[(3, b"a"), (3, b"b"), (4, b"zz")]).unwrap();
+        s.apply(&[page(3, &[up("count", &[("b", None), ("c", Some("3"))])])], None).unwrap();
+        let (got, entries) = s.read(&[(3, b"a"), (3, b"b"), (4, b"zz")]).unwrap();
+        assert_eq!(entries, 2, "a's count and seen");
         assert_eq!(got.len(), 1, "group 4 has no state for zz");
         let named = decode(&got[0].data).unwrap();
         assert_eq!(named.len(), 2);
@@ -234,13 +332,48 @@ mod tests {
     fn a_bad_page_is_refused_whole() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let e = s.apply(&[page(1, &[up("count", &[("a", Some("1"))]), up("nope", &[("a", Some("1"))])])]);
+        let e = s.apply(&[page(1, &[up("count", &[("a", Some("1"))]), up("nope", &[("a", Some("1"))])])], Some(1));
         assert!(e.unwrap_err().to_string().contains("undeclared keyed state `nope`"));
         assert!(s.group_blob(&s.read_view(), 1).unwrap().is_empty(), "nothing of it was written");
-        let e = s.apply(&[KeyGroupState { key_group: 2, data: vec![1, 0, 0, 0x80, 9] }]).unwrap_err();
+        let e = s.apply(&[KeyGroupState { key_group: 2, data: vec![1, 0, 0, 0x80, 9] }], None).unwrap_err();
         assert!(e.to_string().starts_with("key group 2: state blob is malformed"), "{e}");
         let long = "k".repeat(MAX_KEY_BYTES + 1);
-        let e = s.apply(&[page(1, &[up("count", &[(&long, Some("1"))])])]).unwrap_err();
-        assert!(e.to_string().contains("at most 65530 bytes"), "{e}");
+        let e = s.apply(&[page(1, &[up("count", &[(&long, Some("1"))])])], None).unwrap_err();
+        assert!(e.to_string().contains("at most 65529 bytes"), "{e}");
+        // The longest key that fits is written and read back; a longer one reads as no state.
+        let longest = "k".repeat(MAX_KEY_BYTES);
+        s.apply(&[page(1, &[up("count", &[(&longest, Some("1"))])])], None).unwrap();
+        assert_eq!(s.read(&[(1, longest.as_bytes())]).unwrap().0.len(), 1);
+        assert!(s.read(&[(1, long.as_bytes())]).unwrap().0.is_empty());
+    }
+
+    /// Deltas list exactly the keys changed up to the barrier's epoch, with their values at
+    /// the barrier; folded onto the previous full blob they give the group's full blob, and
+    /// changes after the barrier survive forgetting the ones that went out.
+    #[test]
+    fn deltas_fold_onto_the_previous_snapshot_and_later_changes_stay_tracked() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        s.apply(&[page(0, &[up("count", &[("a", Some("1")), ("b", Some("2")), ("c", Some("3"))])])], Some(1)).unwrap();
+        let v1 = s.read_view();
+        let base = s.group_blob(&v1, 0).unwrap();
+        s.forget_changes(&v1, 0, 1).unwrap();
+        // Epoch 2: b changes, c goes, d comes; the barrier at 2; then epoch 3 changes a.
+        s.apply(&[page(0, &[up("count", &[("b", Some("20")), ("c", None), ("d", Some("4"))])])], Some(2)).unwrap();
+        let v2 = s.read_view();
+        s.apply(&[page(0, &[up("count", &[("a", Some("10"))])])], Some(3)).unwrap();
+        let delta = s.group_delta(&v2, 0, 2).unwrap();
+        let d = crate::checkpoint::layout::decode_delta(&delta).unwrap();
+        assert_eq!(d.len(), 1);
+        let keys: Vec<&[u8]> = d[0].1.iter().map(|(k, _)| &k[..]).collect();
+        assert_eq!(keys, vec![&b"b"[..], b"c", b"d"], "a changed after the barrier only");
+        assert_eq!(apply_delta(&base, &delta).unwrap(), s.group_blob(&v2, 0).unwrap());
+        s.forget_changes(&v2, 0, 2).unwrap();
+        let v3 = s.read_view();
+        let d = crate::checkpoint::layout::decode_delta(&s.group_delta(&v3, 0, 3).unwrap()).unwrap();
+        assert_eq!(d[0].1, vec![(b"a".to_vec(), Some(b"10".to_vec()))], "a's change in epoch 3 is still tracked");
+        // A group emptied by removals has no state: no delta either.
+        s.apply(&[page(0, &[up("count", &[("a", None), ("b", None), ("d", None)])])], Some(4)).unwrap();
+        assert!(s.group_delta(&s.read_view(), 0, 4).unwrap().is_empty());
     }
 }

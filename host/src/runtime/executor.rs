@@ -67,6 +67,10 @@ pub struct RunOptions {
     pub hold_input: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// The tenant's disk budget: file sinks charge what they write (`weir serve`).
     pub disk_budget: Option<Arc<crate::disk_budget::DiskBudget>>,
+    /// Where disk-backed operators (`state_backend = "disk"`) keep their stores (a
+    /// `weir-state/` directory in it); default `$WEIR_STATE_DIR`, else the system's
+    /// temporary directory.
+    pub state_dir: Option<PathBuf>,
     /// Consulted between publishing each checkpoint and announcing it (a cluster's leader
     /// records it in etcd).
     pub gate: Option<crate::runtime::driver::PublishGate>,

@@ -215,6 +215,9 @@ fn operator(
     // pages in flight and the allocator's slack).
     let cache = op.state_cache_mb.map_or(limits.memory_mb << 18, |(mb, _)| mb << 20) as usize;
     let paging = parts.metrics.paging.clone();
+    let root = cx.opts.state_dir.as_ref().map_or_else(crate::operator::paged::state_root, |d| d.join("weir-state"));
+    let track = g.checkpoint.as_ref().is_some_and(|c| c.incremental);
+    let budget = cx.opts.disk_budget.clone();
     let ledger = crate::checkpoint::evidence::GroupLedger::new(s.key_groups.start, s.key_groups.end);
     let Parts { id, inputs, output, metrics, counters, cancel, checkpoints, termination, .. } = parts;
     Task::Operator(Box::new(move || {
@@ -223,8 +226,10 @@ fn operator(
         let instance = component.instantiate(host).map_err(|e| TaskFailure::Guest { task: id.clone(), source: e })?;
         let instance = match backend {
             StateBackend::Memory => instance,
-            StateBackend::Disk => paged(instance, &component, key_groups, cache, paging)
-                .map_err(|message| TaskFailure::Limit { task: id.clone(), message })?,
+            StateBackend::Disk => {
+                paged(instance, &component, Paging { key_groups, cache, paging, root, track, budget })
+                    .map_err(|message| TaskFailure::Limit { task: id.clone(), message })?
+            }
         };
         Ok(OperatorTask {
             id,
@@ -249,19 +254,38 @@ fn operator(
     }))
 }
 
-/// `instance` on the disk backend: a new store, and a guest cache of `cache` bytes.
+/// How a disk-backed operator subtask pages its state.
+struct Paging {
+    key_groups: std::ops::Range<u32>,
+    /// Bytes of the guest's cache.
+    cache: usize,
+    paging: std::sync::Arc<crate::operator::paged::PagingCounters>,
+    /// Where the stores live.
+    root: std::path::PathBuf,
+    /// Incremental checkpoints: the store tracks what changed.
+    track: bool,
+    /// The tenant's disk budget (`weir serve`).
+    budget: Option<std::sync::Arc<crate::disk_budget::DiskBudget>>,
+}
+
+/// `instance` on the disk backend: a new store under `p.root`.
 fn paged(
     instance: Box<dyn OperatorLogic>,
     component: &OperatorFactory,
-    key_groups: std::ops::Range<u32>,
-    cache: usize,
-    paging: std::sync::Arc<crate::operator::paged::PagingCounters>,
+    p: Paging,
 ) -> Result<Box<dyn OperatorLogic>, String> {
     let states = component.info().states.iter().filter(|s| s.keyed).map(|s| s.name.clone()).collect();
-    let dir = crate::operator::paged::fresh_store_dir(&crate::operator::paged::state_root());
-    let p = crate::operator::paged::Paged::new(instance, &dir, states, key_groups, cache, paging)
-        .map_err(|e| format!("{e} (set WEIR_STATE_DIR to a writable directory with space)"))?;
-    Ok(Box::new(p))
+    let dir = crate::operator::paged::fresh_store_dir(&p.root);
+    let setup = crate::operator::paged::Setup {
+        states,
+        groups: p.key_groups,
+        cache_bytes: p.cache,
+        track: p.track,
+        budget: p.budget,
+    };
+    let paged = crate::operator::paged::Paged::new(instance, &dir, setup, p.paging)
+        .map_err(|e| format!("{e} (give the disk backend a writable directory with space: WEIR_STATE_DIR)"))?;
+    Ok(Box::new(paged))
 }
 
 fn sink(cx: &Context<'_>, n: &Node, kind: &SinkKind, s: u32, parts: Parts) -> Result<Task, StartError> {

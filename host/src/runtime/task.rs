@@ -373,7 +373,10 @@ impl OperatorTask {
                 Err(GuestError::Failed { call, message }) => (call, message),
                 Err(e) => return Err(self.guest(e)),
             };
-            let Some((index, rec, why)) = failed_record::failing_record(&message, &batch) else {
+            // Only `process` names a record (the disk backend's page-in and page-out run around
+            // it: an error there is the call's, whatever its text says).
+            let named = if call == "process" { failed_record::failing_record(&message, &batch) } else { None };
+            let Some((index, rec, why)) = named else {
                 return Err(self.guest(GuestError::Failed { call, message }));
             };
             let at = failed_record::describe(index, &rec, self.inputs.origin(input));
