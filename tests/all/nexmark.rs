@@ -223,18 +223,28 @@ fn auctions(events: &[Event]) -> impl Iterator<Item = &Auction> {
     events.iter().filter_map(|e| if let Event::Auction(a) = e { Some(a) } else { None })
 }
 
-/// Runs `query`'s shipped job (with `faults`) in `dir`; its committed output.
-fn run(query: &str, dir: &Path, faults: Option<Arc<FaultPlan>>) -> Vec<String> {
-    let summary = crate::connectors::run(dir, &job(query), faults.clone()).unwrap();
+/// Runs `query`'s job `toml` (with `faults`) in `dir`; its committed output and the keys its
+/// operators paged in and evicted (disk backend).
+fn run(query: &str, toml: &str, dir: &Path, faults: Option<Arc<FaultPlan>>) -> (Vec<String>, Paging) {
+    let summary = crate::connectors::run(dir, toml, faults.clone()).unwrap();
     if faults.is_some() {
         assert!(summary.attempts > 1, "{query}: the planned failures happened");
     }
-    committed_lines(&dir.join("out"))
+    let paging = summary.nodes.iter().fold((0, 0), |(i, e), n| (i + n.keys_paged_in, e + n.keys_evicted));
+    (committed_lines(&dir.join("out")), paging)
 }
 
+/// Keys paged in, keys evicted.
+type Paging = (u64, u64);
+
 fn check(query: &str, faults: Option<Arc<FaultPlan>>) {
+    check_job(query, &job(query), faults);
+}
+
+/// Runs `toml` (a job of `query`) and compares its output with the reference.
+fn check_job(query: &str, toml: &str, faults: Option<Arc<FaultPlan>>) -> Paging {
     let d = scratch();
-    let got = run(query, d.path(), faults);
+    let (got, paging) = run(query, toml, d.path(), faults);
     let want = reference(query, &events());
     assert!(!want.is_empty(), "{query}: the reference has output");
     eprintln!("{query}: {} lines", want.len());
@@ -243,6 +253,7 @@ fn check(query: &str, faults: Option<Arc<FaultPlan>>) {
         let extra: Vec<&String> = got.iter().filter(|l| !want.contains(l)).take(5).collect();
         panic!("{query}: {} lines, the reference {}; missing {missing:?}, extra {extra:?}", got.len(), want.len());
     }
+    paging
 }
 
 /// The first stage of `query`'s job and its parallelism: where seeded failures strike.
@@ -255,12 +266,42 @@ fn stages(query: &str) -> Vec<(String, u32)> {
 }
 
 fn check_with_failures(query: &str) {
+    check_job_with_failures(query, &job(query))
+}
+
+fn check_job_with_failures(query: &str, toml: &str) {
     let stages = stages(query);
     let targets: Vec<(&str, u32)> = stages.iter().map(|(s, p)| (s.as_str(), *p)).collect();
     for seed in 0..2 {
         let kinds = [FaultKind::GuestTrap, FaultKind::HostPanic, FaultKind::DuringCheckpoint];
         let plan = FaultPlan::seeded(seed, 1 + seed as u32, &targets, COUNT / 8, 3, &kinds);
-        check(query, Some(Arc::new(plan)));
+        check_job(query, toml, Some(Arc::new(plan)));
+    }
+}
+
+/// `query`'s job with every operator on the disk backend, caching no more than recent calls'
+/// keys (so windows, sessions and join sides are evicted and paged back in).
+fn on_disk(query: &str) -> String {
+    let toml = job(query).replace("[[operator]]\n", "[[operator]]\nstate_backend = \"disk\"\nstate_cache_mb = 0\n");
+    assert!(toml.contains("state_backend = \"disk\""), "{query} has operators");
+    toml
+}
+
+/// Windows (event-time timers: q5, q7; sessions: q11), winning bids (q4) and joins on two
+/// inputs (q8) with their keyed state on the disk backend, paged in for records and timers:
+/// the reference's output, also under seeded failures.
+#[test]
+fn state_disk_nexmark_windows_timers_and_joins_match_the_reference() {
+    for q in ["q4", "q5", "q7", "q8", "q11"] {
+        let (paged_in, evicted) = check_job(q, &on_disk(q), None);
+        eprintln!("{q}: {paged_in} keys paged in, {evicted} evicted");
+        assert!(
+            evicted > 0 && paged_in > evicted / 2,
+            "{q}: state went out and came back: {paged_in} in, {evicted} out"
+        );
+    }
+    for q in ["q5", "q11"] {
+        check_job_with_failures(q, &on_disk(q));
     }
 }
 

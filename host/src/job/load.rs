@@ -365,9 +365,6 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     ),
                 );
             }
-            Some(c) if *c.get_ref() == 0 => {
-                return cx.err(c.span(), format!("operator `{id}`: state_cache_mb must be at least 1"));
-            }
             Some(c) => Some((*c.get_ref(), cx.line(c.span()).unwrap_or(0))),
         };
         let line = cx.line(o.id.span()).unwrap_or(0);
