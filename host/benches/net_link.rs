@@ -66,7 +66,7 @@ fn main() {
         let (tx, rx) = crossbeam_channel::bounded(64);
         let key = ChannelKey { attempt: 1, channel: round };
         let space = std::sync::Arc::new(tokio::sync::Notify::new());
-        inbound.expect(key, tx, space.clone(), None);
+        inbound.expect(key, tx, space.clone(), None, None);
         let remote = out.open(key, 64).unwrap();
         let net = measure(
             batches,

@@ -940,3 +940,42 @@ fn cluster_a_loop_ends_when_a_workers_part_ended_first() {
     let golden = loop_golden(count);
     assert!(committed_lines(&dir.path().join("done")) == golden, "every record out of the loop exactly once");
 }
+
+/// Unaligned checkpoints on a cluster: the oracle job with its sink throttled (channels
+/// full, also the hash channel between the two workers), barriers on each channel's priority
+/// stream overtaking what is queued at both ends; the worker holding one oracle subtask is
+/// killed with SIGKILL once a checkpoint holding records in flight is complete, and the job
+/// restarts from its newest checkpoint on the other worker, replaying them: every (key, seq)
+/// exactly once.
+#[test]
+fn cluster_unaligned_checkpoints_overtake_the_network_and_stay_exactly_once_through_a_worker_kill() {
+    let dir = scratch();
+    let toml = crate::unaligned::job(2, 3_000).replace("name = \"un\"", "name = \"un-cluster\"");
+    let job = dir.path().join("job.toml");
+    std::fs::write(&job, &toml).unwrap();
+    let store = CheckpointStore::new(&dir.path().join("chk"), "un-cluster");
+    let secret = secret(dir.path());
+    let mut procs = Procs::default();
+    let mut c = coordinator(&job, &secret, 2);
+    // w1 can take the whole job alone once w2 is gone.
+    procs.0.push(worker(&c, &secret, "w1", 2, dir.path()));
+    let mut w2 = worker(&c, &secret, "w2", 1, dir.path());
+    // The event the test controls: a complete checkpoint with records in flight.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !store.list().iter().any(|l| l.status.as_ref().is_ok_and(|m| m.metrics.backedge_log_records > 0)) {
+        assert!(c.child.try_wait().unwrap().is_none(), "the job ended before a checkpoint held records in flight");
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint with records in flight within 120 s:\n{}",
+            c.log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    w2.kill().unwrap(); // SIGKILL
+    w2.wait().unwrap();
+    let log = finish(&mut c);
+    let first = log.lines().find(|l| l.contains("attempt 1:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(first.contains("w1 (") && first.contains("w2 ("), "{first}");
+    assert!(log.contains("2 attempt(s)") && log.contains("restoring job `un-cluster` from checkpoint"), "{log}");
+    assert_oracle_golden(dir.path(), crate::unaligned::COUNT);
+}

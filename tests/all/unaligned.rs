@@ -70,11 +70,11 @@ fn unaligned_a_loop_with_an_alignment_timeout_stays_exactly_once_under_seeded_fa
     check_loop("alignment_timeout_ms = 10");
 }
 
-const COUNT: u64 = 24_000;
+pub(crate) const COUNT: u64 = 24_000;
 const KEYS: u64 = 48;
 
 /// generator → oracle (hash, parallelism `p`) → file sink (forward, parallelism `p`, throttled).
-fn job(p: u32, sink_rate: u64) -> String {
+pub(crate) fn job(p: u32, sink_rate: u64) -> String {
     format!(
         "[job]\nname = \"un\"\nmax_parallelism = 32\nbatch_size = 64\nchannel_capacity = 4\n\
          [checkpoint]\ninterval_ms = 50\ndir = \"chk\"\nalignment = \"unaligned\"\n\

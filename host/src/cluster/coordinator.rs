@@ -148,16 +148,6 @@ impl Cluster {
     /// Runs `job` on the cluster's workers until it finishes, restarting after failures as
     /// its restart strategy allows.
     pub fn run(&mut self, job: &BoundJob, source: &JobSource, opts: &RunOptions) -> Result<RunSummary, RunError> {
-        let g = &job.graph;
-        if g.checkpoint.as_ref().is_some_and(|c| c.alignment.overtakes()) {
-            return Err(RunError::Setup {
-                job: g.name.clone(),
-                message: "[checkpoint] alignment = \"unaligned\" and alignment_timeout_ms do not run on a cluster yet \
-                          (barriers cannot overtake records on the network channels); use aligned checkpoints \
-                          without a timeout, or `weir run`"
-                    .into(),
-            });
-        }
         run_deployed(job, opts, &mut |a| self.run_attempt(a, source))
     }
 

@@ -38,7 +38,7 @@ use crate::runtime::driver::Completed;
 use crate::runtime::error::TaskFailure;
 use crate::runtime::executor::{Live, RunOptions, resolve_components};
 use crate::runtime::local::{self, Attempt, Outgoing, Part, Threads};
-use crate::runtime::message::Message;
+use crate::runtime::net::forward::Forward;
 use crate::runtime::net::link::{ChannelKey, Inbound, Outbound};
 use crate::runtime::net::tls::ClusterTls;
 use crate::runtime::query::StateQuery;
@@ -546,7 +546,8 @@ impl Worker {
         let mine: Vec<bool> = d.worker_of.iter().map(|&w| w == d.you).collect();
         let wiring = local::wire(g, &plan, &mine);
         for i in wiring.incoming {
-            self.inbound.expect(ChannelKey { attempt: d.attempt, channel: i.channel as u64 }, i.tx, i.space, i.budget);
+            let key = ChannelKey { attempt: d.attempt, channel: i.channel as u64 };
+            self.inbound.expect(key, i.tx, i.space, i.budget, i.barriers);
         }
         let part = match local::build_part(&a, &plan, &mine, wiring.inputs, wiring.outputs) {
             Ok(p) => p,
@@ -700,10 +701,10 @@ impl Progress {
     }
 }
 
-/// Opens every outgoing channel on the data plane and forwards its local queue into it
-/// (one thread per channel; it ends when the sending subtask drops its end, the peer goes, or
-/// the attempt is cancelled: then its sending subtask, blocked on a full queue, sees a
-/// disconnect and exits).
+/// Opens every outgoing channel on the data plane (and with unaligned checkpoints its
+/// priority stream) and forwards its local queue into it, one thread per channel
+/// (`runtime/net/forward.rs`); a sending subtask blocked on a full queue of a channel whose
+/// thread ended sees a disconnect and exits.
 #[allow(clippy::too_many_arguments)]
 fn open_outgoing(
     g: &crate::graph::logical::JobGraph,
@@ -717,28 +718,21 @@ fn open_outgoing(
 ) -> Result<Vec<JoinHandle<()>>, String> {
     let mut links: HashMap<u32, Outbound> = HashMap::new();
     let mut threads = Vec::new();
-    for Outgoing { channel: ci, rx, budget } in outgoing {
+    for Outgoing { channel: ci, rx, budget, barriers } in outgoing {
         let c = plan.channels[ci];
         let peer = worker_of[plan.index_of(g.edges[c.edge].to, c.to)];
         let addr = *peers.get(peer as usize).ok_or_else(|| format!("no address for worker {peer}"))?;
         if let std::collections::hash_map::Entry::Vacant(v) = links.entry(peer) {
             v.insert(Outbound::connect(addr, secret, tls).map_err(|e| e.to_string())?);
         }
-        let sender = links[&peer]
-            .open(ChannelKey { attempt, channel: ci as u64 }, g.channel_capacity)
-            .map_err(|e| e.to_string())?;
-        let cancel = cancel.clone();
-        threads.push(std::thread::spawn(move || {
-            for m in rx {
-                // Off this worker's back-edge backlog: the receiving worker counts it now.
-                if let (Some(b), Message::Data(batch)) = (&budget, &m) {
-                    b.sub(batch.as_bytes().len() as u64);
-                }
-                if sender.send_unless(m, &cancel).is_err() {
-                    break;
-                }
-            }
-        }));
+        let key = ChannelKey { attempt, channel: ci as u64 };
+        let data = links[&peer].open(key, g.channel_capacity).map_err(|e| e.to_string())?;
+        let barriers = match barriers {
+            Some(b) => Some((b, links[&peer].open_barriers(key).map_err(|e| e.to_string())?)),
+            None => None,
+        };
+        let forward = Forward { rx, data, barriers, budget, cancel: cancel.clone() };
+        threads.push(std::thread::spawn(move || forward.run()));
     }
     Ok(threads)
 }

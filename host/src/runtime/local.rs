@@ -288,6 +288,8 @@ pub(crate) struct Outgoing {
     /// A back-edge: the in-flight budget its sender charged, given back as the network
     /// takes each batch (the receiving worker charges its own).
     pub budget: Option<Arc<FeedbackBudget>>,
+    /// Unaligned checkpoints: the sending subtask's barriers for this channel.
+    pub barriers: Option<Receiver<Priority>>,
 }
 
 /// A channel from a subtask on another worker to one here.
@@ -300,6 +302,9 @@ pub(crate) struct Incoming {
     pub space: Arc<tokio::sync::Notify>,
     /// A back-edge: this worker's in-flight budget, charged as batches arrive.
     pub budget: Option<Arc<FeedbackBudget>>,
+    /// Unaligned checkpoints: the receiving subtask's priority inbox and the channel's input
+    /// index there.
+    pub barriers: Option<(Sender<Priority>, usize)>,
 }
 
 /// The plan's channels that touch the subtasks `mine`, handed out per subtask (same order as
@@ -313,13 +318,22 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
     let (mut outgoing, mut incoming) = (Vec::new(), Vec::new());
     let mut space: Vec<Option<Arc<tokio::sync::Notify>>> = vec![None; plan.channels.len()];
     let (inboxes, at_input) = priority_inboxes(g, plan, mine);
-    // Unaligned: each bounded channel's tokens (`runtime/output.rs`).
+    let unaligned = !at_input.is_empty();
+    let here = |ci: usize| {
+        let (c, e) = (plan.channels[ci], &g.edges[plan.channels[ci].edge]);
+        (mine[plan.index_of(e.from, c.from)], mine[plan.index_of(e.to, c.to)])
+    };
+    // Unaligned: each bounded channel's tokens (`runtime/output.rs`); a channel to another
+    // worker has none (its sender's local queue bounds what it puts in).
     let tokens: Vec<Option<(Sender<()>, Receiver<()>)>> = (0..plan.channels.len())
-        .map(|ci| (!at_input.is_empty() && !plan.channels[ci].back).then(|| bounded(g.channel_capacity)))
+        .map(|ci| {
+            (unaligned && !plan.channels[ci].back && here(ci) == (true, true)).then(|| bounded(g.channel_capacity))
+        })
         .collect();
+    // Unaligned: a channel to another worker sends its barriers to the network's thread.
+    let mut remote_barriers: Vec<Option<Sender<Priority>>> = vec![None; plan.channels.len()];
     for (ci, c) in plan.channels.iter().enumerate() {
-        let e = &g.edges[c.edge];
-        let (from_here, to_here) = (mine[plan.index_of(e.from, c.from)], mine[plan.index_of(e.to, c.to)]);
+        let (from_here, to_here) = here(ci);
         if !from_here && !to_here {
             senders.push(None);
             receivers.push(None);
@@ -331,14 +345,23 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
         let charged = c.back.then(|| budget.clone());
         match (from_here, to_here) {
             (true, false) => {
-                outgoing.push(Outgoing { channel: ci, rx, budget: charged });
+                let barriers = unaligned.then(|| {
+                    let (to, from) = unbounded();
+                    remote_barriers[ci] = Some(to);
+                    from
+                });
+                outgoing.push(Outgoing { channel: ci, rx, budget: charged, barriers });
                 senders.push(Some(tx));
                 receivers.push(None);
             }
             (false, true) => {
                 let notify = Arc::new(tokio::sync::Notify::new());
                 space[ci] = Some(notify.clone());
-                incoming.push(Incoming { channel: ci, tx, space: notify, budget: charged });
+                let barriers = unaligned.then(|| {
+                    let (to, input) = at_input[ci];
+                    (inboxes[to].as_ref().expect("a receiver here has an inbox").0.clone(), input)
+                });
+                incoming.push(Incoming { channel: ci, tx, space: notify, budget: charged, barriers });
                 senders.push(None);
                 receivers.push(Some(rx));
             }
@@ -392,9 +415,13 @@ pub(crate) fn wire(g: &JobGraph, plan: &PhysicalPlan, mine: &[bool]) -> Wiring {
                     false => edge.unaligned(
                         channels
                             .iter()
-                            .map(|&ci| {
-                                let (to, input) = at_input[ci];
-                                (inboxes[to].as_ref().expect("a receiver here has an inbox").0.clone(), input)
+                            .map(|&ci| match remote_barriers[ci].take() {
+                                // The receiving worker sets the input index.
+                                Some(network) => (network, 0),
+                                None => {
+                                    let (to, input) = at_input[ci];
+                                    (inboxes[to].as_ref().expect("a receiver here has an inbox").0.clone(), input)
+                                }
                             })
                             .collect(),
                         channels.iter().map(|&ci| tokens[ci].as_ref().map(|(tx, _)| tx.clone())).collect(),

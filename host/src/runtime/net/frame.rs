@@ -4,7 +4,10 @@
 //!
 //! Frame: `len: u32 LE` (of what follows), `kind: u8`, then `Data`: `records: u32 LE` and the
 //! batch bytes in the record framing; `Watermark`: `i64 LE`; `Barrier`: `u64 LE`;
-//! `EndOfStream`: nothing.
+//! `EndOfStream`: nothing. A channel's priority stream (unaligned checkpoints) carries
+//! barriers: `Priority`: `id: u64 LE`, `sent: u64 LE`, `elapsed_us: u64 LE` (since the
+//! checkpoint's trigger, as the sender saw it), `carried: u32 LE`, then that many message
+//! frames (the messages the barrier carries).
 //!
 //! Invariants: the decoder holds at most one partial frame, never more than [`MAX_FRAME`]
 //! bytes; a frame that claims more, an unknown kind, a wrong size for its kind or a batch whose
@@ -15,7 +18,7 @@ use thiserror::Error;
 
 use crate::ids::CheckpointId;
 use crate::record::{Batch, validate};
-use crate::runtime::message::Message;
+use crate::runtime::message::{Message, Priority};
 
 /// Largest frame accepted (a batch with a record at the host's emit ceiling fits).
 pub const MAX_FRAME: usize = 1 << 30;
@@ -24,6 +27,29 @@ const DATA: u8 = 0;
 const WATERMARK: u8 = 1;
 const BARRIER: u8 = 2;
 const END: u8 = 3;
+const PRIORITY: u8 = 4;
+
+/// Most messages one barrier may carry (a sender carries its channel's overflow, bounded by
+/// the channel's capacity, and one batch).
+pub const MAX_CARRIED: u32 = 1 << 20;
+
+/// A decoded frame: a channel's message, or the head of a barrier on a priority stream.
+#[derive(Debug)]
+pub enum Frame {
+    /// A message.
+    Message(Message),
+    /// A barrier; its carried messages follow as `carried` message frames.
+    Priority {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// Messages of the channel's stream before the barrier.
+        sent: u64,
+        /// Microseconds since the checkpoint's trigger when it was sent.
+        elapsed_us: u64,
+        /// Message frames that follow, carried by the barrier.
+        carried: u32,
+    },
+}
 
 /// A frame that cannot be decoded.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -45,6 +71,9 @@ pub enum FrameError {
     /// The batch's records are malformed or not as many as it claims.
     #[error("a data frame's batch is malformed: {0}")]
     Batch(String),
+    /// A barrier claims to carry more than [`MAX_CARRIED`] messages.
+    #[error("a barrier carrying {0} messages (at most {MAX_CARRIED})")]
+    Carried(u32),
 }
 
 /// Appends `m`'s frame to `out`.
@@ -71,6 +100,19 @@ pub fn encode(m: &Message, out: &mut Vec<u8>) {
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
+/// Appends the frames of unaligned barrier `p` to `out`: its head, then what it carries.
+pub fn encode_priority(p: &Priority, out: &mut Vec<u8>) {
+    out.extend_from_slice(&(1 + 8 + 8 + 8 + 4u32).to_le_bytes());
+    out.push(PRIORITY);
+    out.extend_from_slice(&p.id.0.to_le_bytes());
+    out.extend_from_slice(&p.sent.to_le_bytes());
+    out.extend_from_slice(&(p.started.elapsed().as_micros() as u64).to_le_bytes());
+    out.extend_from_slice(&(p.carried.len() as u32).to_le_bytes());
+    for m in &p.carried {
+        encode(m, out);
+    }
+}
+
 /// Reassembles messages from chunks of a channel's byte stream.
 #[derive(Debug, Default)]
 pub struct Decoder {
@@ -81,6 +123,20 @@ pub struct Decoder {
 impl Decoder {
     /// Adds `chunk` and appends every message it completes to `out`.
     pub fn push(&mut self, chunk: &[u8], out: &mut Vec<Message>) -> Result<(), FrameError> {
+        self.push_with(chunk, out, decode)
+    }
+
+    /// Adds `chunk` of a priority stream and appends every frame it completes to `out`.
+    pub fn push_frames(&mut self, chunk: &[u8], out: &mut Vec<Frame>) -> Result<(), FrameError> {
+        self.push_with(chunk, out, decode_frame)
+    }
+
+    fn push_with<T>(
+        &mut self,
+        chunk: &[u8],
+        out: &mut Vec<T>,
+        decode: fn(&[u8]) -> Result<T, FrameError>,
+    ) -> Result<(), FrameError> {
         if self.failed {
             return Ok(());
         }
@@ -116,6 +172,22 @@ impl Decoder {
     pub fn pending(&self) -> usize {
         self.buf.len()
     }
+}
+
+fn decode_frame(body: &[u8]) -> Result<Frame, FrameError> {
+    let (kind, rest) = (body[0], &body[1..]);
+    if kind != PRIORITY {
+        return decode(body).map(Frame::Message);
+    }
+    if rest.len() != 28 {
+        return Err(FrameError::Size { kind, len: rest.len() });
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(rest[at..at + 8].try_into().unwrap());
+    let carried = u32::from_le_bytes(rest[24..28].try_into().unwrap());
+    if carried > MAX_CARRIED {
+        return Err(FrameError::Carried(carried));
+    }
+    Ok(Frame::Priority { id: CheckpointId(u64_at(0)), sent: u64_at(8), elapsed_us: u64_at(16), carried })
 }
 
 fn decode(body: &[u8]) -> Result<Message, FrameError> {
@@ -185,6 +257,33 @@ mod tests {
             prop_assert!(same(&out, &sample()));
             prop_assert_eq!(d.pending(), 0);
         }
+    }
+
+    #[test]
+    fn a_barrier_and_what_it_carries_survive_the_priority_stream_and_a_data_stream_refuses_it() {
+        let started = std::time::Instant::now() - std::time::Duration::from_millis(5);
+        let p = Priority { input: 3, id: CheckpointId(9), sent: 17, carried: sample(), started };
+        let mut bytes = Vec::new();
+        encode_priority(&p, &mut bytes);
+        let mut out = Vec::new();
+        Decoder::default().push_frames(&bytes, &mut out).unwrap();
+        let Some(Frame::Priority { id, sent, elapsed_us, carried }) = out.first() else { panic!("{out:?}") };
+        assert_eq!((*id, *sent, *carried), (CheckpointId(9), 17, 4));
+        assert!(*elapsed_us >= 5_000, "{elapsed_us}");
+        let msgs: Vec<Message> = out
+            .into_iter()
+            .skip(1)
+            .map(|f| match f {
+                Frame::Message(m) => m,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(same(&msgs, &sample()));
+        assert_eq!(Decoder::default().push(&bytes, &mut Vec::new()), Err(FrameError::Kind(PRIORITY)));
+        // A head claiming more carried messages than any sender carries.
+        let mut head = bytes[..33].to_vec();
+        head[29..33].copy_from_slice(&(MAX_CARRIED + 1).to_le_bytes());
+        assert_eq!(Decoder::default().push_frames(&head, &mut Vec::new()), Err(FrameError::Carried(MAX_CARRIED + 1)));
     }
 
     #[test]

@@ -1,0 +1,328 @@
+//! The receiving end of a channel from another worker: a task per stream that decodes the
+//! channel's messages into the receiving subtask's local channel and, with unaligned
+//! checkpoints, a task for its priority stream whose barriers the data task hands to the
+//! subtask's priority inbox after taking along what arrived before the barrier's position but
+//! is not in the local channel yet (`splice.rs`).
+//!
+//! Invariants: messages enter the local channel in stream order; window is released for a
+//! chunk once it is decoded, and the next chunk is read only when everything decoded is in
+//! the local channel — what a stalled channel holds here is bounded by its window and one
+//! chunk — except to reach a barrier's position, which the sender handed to the network
+//! before the barrier (so it comes); a barrier reaches the inbox only with every message
+//! before its position in the local channel or carried by it. A back-edge's batch is charged
+//! to the worker's in-flight budget as it enters the local channel (one a barrier carries is
+//! not: the receiving input never gives it back).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Sender, TrySendError};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use crate::runtime::feedback_budget::FeedbackBudget;
+use crate::runtime::message::{Message, Priority};
+use crate::runtime::net::frame::{Decoder, Frame};
+use crate::runtime::net::splice::splice;
+
+/// Where a channel's unaligned barriers go at the receiving worker: the receiving subtask's
+/// priority inbox and the channel's input index there (never taken from the wire).
+pub type BarrierInbox = (Sender<Priority>, usize);
+
+/// Where an expected channel's stream goes: the local channel, the notification its
+/// receiving subtask gives each time it takes a message off, a back-edge's budget, and with
+/// unaligned checkpoints the barriers decoded from its priority stream and their inbox.
+pub struct Delivery {
+    /// The local channel.
+    pub tx: Sender<Message>,
+    /// Notified when the receiver takes a message off.
+    pub space: Arc<tokio::sync::Notify>,
+    /// A back-edge's in-flight budget.
+    pub budget: Option<Arc<FeedbackBudget>>,
+    /// Unaligned checkpoints: barriers from the priority stream, and where they go.
+    pub barriers: Option<(UnboundedReceiver<Priority>, BarrierInbox)>,
+}
+
+/// What one look at the stream, the barriers and the local channel brought.
+enum Event {
+    Barrier(Option<Priority>),
+    Chunk(Option<bytes::Bytes>),
+    Space,
+}
+
+/// A stream's bytes as they come, and the window given back for them.
+pub trait Chunks: Send {
+    /// The next chunk; `None` once the stream ended or broke.
+    fn next(&mut self) -> impl std::future::Future<Output = Option<bytes::Bytes>> + Send;
+    /// Gives `n` bytes of window back; false if the stream is gone.
+    fn release(&mut self, n: usize) -> bool;
+}
+
+impl Chunks for h2::RecvStream {
+    async fn next(&mut self) -> Option<bytes::Bytes> {
+        self.data().await.and_then(Result::ok)
+    }
+
+    fn release(&mut self, n: usize) -> bool {
+        self.flow_control().release_capacity(n).is_ok()
+    }
+}
+
+/// The data task's position in the channel's stream.
+struct Stream<C> {
+    body: C,
+    decoder: Decoder,
+    /// Decoded, not yet in the local channel.
+    waiting: VecDeque<Message>,
+    /// Messages put into the local channel (or carried by barriers) so far.
+    delivered: u64,
+    ended: bool,
+}
+
+impl<C: Chunks> Stream<C> {
+    /// Decodes `chunk` into `waiting` and releases its window. False on a malformed stream.
+    fn take(&mut self, chunk: &[u8]) -> bool {
+        let mut out = Vec::new();
+        if self.decoder.push(chunk, &mut out).is_err() {
+            return false;
+        }
+        self.waiting.extend(out);
+        self.body.release(chunk.len())
+    }
+
+    /// Reads until `position` messages were decoded (or the stream ends).
+    async fn reach(&mut self, position: u64) -> bool {
+        while self.delivered + (self.waiting.len() as u64) < position && !self.ended {
+            match self.body.next().await {
+                Some(chunk) => {
+                    if !self.take(&chunk) {
+                        return false;
+                    }
+                }
+                None => self.ended = true,
+            }
+        }
+        true
+    }
+}
+
+/// Decodes a stream into its local channel; hands its barriers on (see the module doc).
+pub async fn deliver_stream(body: impl Chunks, d: Delivery) {
+    let Delivery { tx, space, budget, barriers } = d;
+    let (mut barriers, inbox) = match barriers {
+        Some((rx, inbox)) => (Some(rx), Some(inbox)),
+        None => (None, None),
+    };
+    let mut s = Stream { body, decoder: Decoder::default(), waiting: VecDeque::new(), delivered: 0, ended: false };
+    loop {
+        // Into the local channel while it has room.
+        while let Some(m) = s.waiting.pop_front() {
+            match put(&tx, budget.as_deref(), m) {
+                Put::In => s.delivered += 1,
+                Put::Full(m) => {
+                    s.waiting.push_front(m);
+                    break;
+                }
+                Put::Gone => return,
+            }
+        }
+        let blocked = !s.waiting.is_empty();
+        if s.ended && !blocked && barriers.is_none() {
+            return;
+        }
+        let event = tokio::select! {
+            biased;
+            p = async { barriers.as_mut().expect("guarded").recv().await }, if barriers.is_some() => Event::Barrier(p),
+            _ = space.notified(), if blocked => Event::Space,
+            // Only a guard against a receiver that stops notifying.
+            _ = tokio::time::sleep(Duration::from_millis(100)), if blocked => Event::Space,
+            c = s.body.next(), if !blocked && !s.ended => Event::Chunk(c),
+        };
+        match event {
+            Event::Space => {}
+            Event::Chunk(Some(chunk)) => {
+                if !s.take(&chunk) {
+                    return;
+                }
+            }
+            Event::Chunk(None) => s.ended = true,
+            Event::Barrier(None) => barriers = None,
+            Event::Barrier(Some(mut p)) => {
+                if !s.reach(p.sent).await {
+                    return;
+                }
+                let delivered = s.delivered;
+                let Ok(moved) = splice(&mut p, delivered, || s.waiting.pop_front()) else {
+                    // The sender went away mid-stream: the attempt fails; the barrier is moot.
+                    return;
+                };
+                s.delivered += moved as u64;
+                let (to, input) = inbox.as_ref().expect("barriers come with their inbox");
+                p.input = *input;
+                let _ = to.send(p);
+            }
+        }
+    }
+}
+
+enum Put {
+    In,
+    Full(Message),
+    Gone,
+}
+
+/// Puts `m` into the local channel if it has room, charging a back-edge's batch.
+fn put(tx: &Sender<Message>, budget: Option<&FeedbackBudget>, m: Message) -> Put {
+    let bytes = match (&budget, &m) {
+        (Some(_), Message::Data(b)) => b.as_bytes().len() as u64,
+        _ => 0,
+    };
+    match tx.try_send(m) {
+        Ok(()) => {
+            if let Some(b) = budget.filter(|_| bytes > 0) {
+                b.add(bytes);
+            }
+            Put::In
+        }
+        Err(TrySendError::Full(m)) => Put::Full(m),
+        Err(TrySendError::Disconnected(_)) => Put::Gone,
+    }
+}
+
+/// Decodes a channel's priority stream into barriers for its data task.
+pub async fn deliver_barriers(mut body: h2::RecvStream, to: UnboundedSender<Priority>) {
+    let mut decoder = Decoder::default();
+    let mut frames = Vec::new();
+    let mut open: Option<(Priority, u32)> = None;
+    while let Some(Ok(chunk)) = body.data().await {
+        if decoder.push_frames(&chunk, &mut frames).is_err() {
+            return;
+        }
+        for f in frames.drain(..) {
+            match (f, open.as_mut()) {
+                (Frame::Priority { id, sent, elapsed_us, carried }, None) => {
+                    let started =
+                        Instant::now().checked_sub(Duration::from_micros(elapsed_us)).unwrap_or_else(Instant::now);
+                    let carried_msgs = Vec::with_capacity(carried.min(1024) as usize);
+                    open = Some((Priority { input: 0, id, sent, carried: carried_msgs, started }, carried));
+                }
+                (Frame::Message(m), Some((p, left))) => {
+                    p.carried.push(m);
+                    *left -= 1;
+                }
+                // A message outside a barrier, or a barrier inside one: not our protocol.
+                _ => return,
+            }
+            if open.as_ref().is_some_and(|(_, left)| *left == 0) {
+                let (p, _) = open.take().expect("checked");
+                if to.send(p).is_err() {
+                    return;
+                }
+            }
+        }
+        if body.flow_control().release_capacity(chunk.len()).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::net::frame::encode;
+
+    /// Chunks from a test: nothing to give window back to.
+    impl Chunks for tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes> {
+        async fn next(&mut self) -> Option<bytes::Bytes> {
+            self.recv().await
+        }
+
+        fn release(&mut self, _: usize) -> bool {
+            true
+        }
+    }
+
+    fn frames(ms: &[Message]) -> bytes::Bytes {
+        let mut out = Vec::new();
+        for m in ms {
+            encode(m, &mut out);
+        }
+        out.into()
+    }
+
+    fn mark(m: Message) -> i64 {
+        match m {
+            Message::Watermark(w) => w,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A full local channel is refilled the moment its receiver takes a message off, not on a
+    /// timer (virtual time does not move): a timer there capped a channel at a few thousand
+    /// messages a second and kept a standing queue of ~100 ms in its window.
+    #[test]
+    fn cluster_net_a_full_channel_is_refilled_as_soon_as_its_receiver_takes_a_message() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let space = Arc::new(tokio::sync::Notify::new());
+            let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
+            let d = Delivery { tx, space: space.clone(), budget: None, barriers: None };
+            let task = tokio::spawn(deliver_stream(body, d));
+            let start = tokio::time::Instant::now();
+            chunks.send(frames(&[Message::Watermark(1), Message::Watermark(2)])).unwrap();
+            settle().await;
+            assert_eq!(mark(rx.try_recv().unwrap()), 1);
+            assert!(rx.try_recv().is_err(), "the channel was full: the second waits");
+            space.notify_one();
+            settle().await;
+            assert_eq!(mark(rx.try_recv().unwrap()), 2, "delivered on the notification");
+            assert_eq!(start.elapsed(), Duration::ZERO, "not after a timer");
+            // A receiver that is gone ends the delivery.
+            drop(rx);
+            chunks.send(frames(&[Message::Watermark(3)])).unwrap();
+            settle().await;
+            assert!(task.is_finished());
+        });
+    }
+
+    /// The receiving hop: a barrier whose position lies beyond what the full channel took
+    /// carries what arrived after it (and reads the stream up to its position); what came
+    /// after the position stays for the channel.
+    #[test]
+    fn cluster_net_a_barrier_takes_along_what_arrived_but_is_not_in_the_channel() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let (tx, rx) = crossbeam_channel::bounded(2);
+            let (inbox_tx, inbox) = crossbeam_channel::unbounded();
+            let (barrier, barriers) = tokio::sync::mpsc::unbounded_channel();
+            let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
+            let d = Delivery { tx, space: Arc::default(), budget: None, barriers: Some((barriers, (inbox_tx, 4))) };
+            let _task = tokio::spawn(deliver_stream(body, d));
+            chunks.send(frames(&(0..5).map(Message::Watermark).collect::<Vec<_>>())).unwrap();
+            settle().await;
+            let started = std::time::Instant::now();
+            let carried = vec![Message::Watermark(100)];
+            barrier.send(Priority { input: 0, id: crate::ids::CheckpointId(2), sent: 7, carried, started }).unwrap();
+            settle().await;
+            assert!(inbox.try_recv().is_err(), "positions 6 and 7 have not arrived: the barrier waits for them");
+            chunks.send(frames(&(5..9).map(Message::Watermark).collect::<Vec<_>>())).unwrap();
+            settle().await;
+            let p = inbox.try_recv().expect("the barrier");
+            assert_eq!((p.input, p.sent), (4, 2), "the channel holds two; the receiving worker sets the input");
+            assert_eq!(p.carried.into_iter().map(mark).collect::<Vec<_>>(), vec![2, 3, 4, 5, 6, 100]);
+            let mut got: Vec<i64> = (0..2).map(|_| mark(rx.try_recv().unwrap())).collect();
+            // No notification in this test: the guard timer refills the channel.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            settle().await;
+            got.extend(rx.try_iter().map(mark));
+            assert_eq!(got, vec![0, 1, 7, 8], "the channel: before the barrier, then after it");
+        });
+    }
+}
