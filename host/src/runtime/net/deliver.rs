@@ -4,14 +4,16 @@
 //! subtask's priority inbox after taking along what arrived before the barrier's position but
 //! is not in the local channel yet (`splice.rs`).
 //!
-//! Invariants: messages enter the local channel in stream order; window is released for a
-//! chunk once it is decoded, and the next chunk is read only when everything decoded is in
-//! the local channel — what a stalled channel holds here is bounded by its window and one
-//! chunk — except to reach a barrier's position, which the sender handed to the network
-//! before the barrier (so it comes); a barrier reaches the inbox only with every message
-//! before its position in the local channel or carried by it. A back-edge's batch is charged
-//! to the worker's in-flight budget as it enters the local channel (one a barrier carries is
-//! not: the receiving input never gives it back).
+//! Invariants: messages enter the local channel in stream order; nothing after a barrier's
+//! marker enters it before that barrier reached the inbox (the priority stream and the data
+//! stream are not ordered with each other), and a barrier reaches the inbox only with every
+//! message before its position in the local channel or carried by it — so the receiving
+//! input sees the channel as in one process. Window is released for a chunk once it is
+//! decoded, and the next chunk is read only when everything decoded is in the local channel
+//! (bounded by the window and one chunk), except to reach a barrier's position, which the
+//! sender handed to the network before the barrier (so it comes). A back-edge's batch is
+//! charged to the worker's in-flight budget before it enters the local channel (one a barrier
+//! carries is not: the receiving input never gives it back).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,10 +22,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Sender, TrySendError};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+use crate::ids::CheckpointId;
 use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::message::{Message, Priority};
-use crate::runtime::net::frame::{Decoder, Frame};
-use crate::runtime::net::splice::splice;
+use crate::runtime::net::frame::{Decoder, Frame, Item};
+use crate::runtime::net::splice::Hop;
 
 /// Where a channel's unaligned barriers go at the receiving worker: the receiving subtask's
 /// priority inbox and the channel's input index there (never taken from the wire).
@@ -68,14 +71,18 @@ impl Chunks for h2::RecvStream {
     }
 }
 
-/// The data task's position in the channel's stream.
+/// The data task's state.
 struct Stream<C> {
     body: C,
     decoder: Decoder,
-    /// Decoded, not yet in the local channel.
-    waiting: VecDeque<Message>,
-    /// Messages put into the local channel (or carried by barriers) so far.
-    delivered: u64,
+    /// Decoded, not yet in the local channel: messages and barriers' markers.
+    waiting: VecDeque<Item>,
+    /// Messages in `waiting`.
+    messages: u64,
+    /// Position: stream messages that went into the local channel or into barriers.
+    hop: Hop,
+    /// The newest barrier handed to the inbox.
+    handed: Option<CheckpointId>,
     ended: bool,
 }
 
@@ -83,16 +90,25 @@ impl<C: Chunks> Stream<C> {
     /// Decodes `chunk` into `waiting` and releases its window. False on a malformed stream.
     fn take(&mut self, chunk: &[u8]) -> bool {
         let mut out = Vec::new();
-        if self.decoder.push(chunk, &mut out).is_err() {
+        if self.decoder.push_frames(chunk, &mut out).is_err() {
             return false;
         }
-        self.waiting.extend(out);
+        for f in out {
+            match f {
+                Frame::Message(m) => {
+                    self.messages += 1;
+                    self.waiting.push_back(Item::Message(m));
+                }
+                Frame::Marker(id) => self.waiting.push_back(Item::Marker(id)),
+                Frame::Priority { .. } => return false,
+            }
+        }
         self.body.release(chunk.len())
     }
 
     /// Reads until `position` messages were decoded (or the stream ends).
     async fn reach(&mut self, position: u64) -> bool {
-        while self.delivered + (self.waiting.len() as u64) < position && !self.ended {
+        while self.hop.taken + self.messages < position && !self.ended {
             match self.body.next().await {
                 Some(chunk) => {
                     if !self.take(&chunk) {
@@ -104,6 +120,74 @@ impl<C: Chunks> Stream<C> {
         }
         true
     }
+
+    /// A marker whose barrier already reached the inbox.
+    fn passed(&self, id: CheckpointId) -> bool {
+        self.handed.is_some_and(|h| h >= id)
+    }
+
+    /// The next message waiting, dropping passed markers; `None` at an open marker.
+    fn next_message(&mut self) -> Option<Message> {
+        loop {
+            match self.waiting.pop_front()? {
+                Item::Message(m) => {
+                    self.messages -= 1;
+                    return Some(m);
+                }
+                Item::Marker(id) if self.passed(id) => {}
+                marker => {
+                    self.waiting.push_front(marker);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Moves what waits into the local channel while it has room, up to an open marker.
+    fn fill(&mut self, tx: &Sender<Message>, budget: Option<&FeedbackBudget>) -> Result<Fill, ()> {
+        loop {
+            let Some(m) = self.next_message() else {
+                return Ok(if self.waiting.is_empty() { Fill::Done } else { Fill::Gated });
+            };
+            match put(tx, budget, m) {
+                Put::In => self.hop.handed(),
+                Put::Full(m) => {
+                    self.messages += 1;
+                    self.waiting.push_front(Item::Message(m));
+                    return Ok(Fill::Full);
+                }
+                Put::Gone => return Err(()),
+            }
+        }
+    }
+
+    /// Barrier `p`: takes along what arrived before its position, then hands it on.
+    async fn barrier(&mut self, mut p: Priority, (to, input): &BarrierInbox) -> bool {
+        if !self.reach(p.sent).await {
+            return false;
+        }
+        let mut hop = self.hop;
+        let spliced = hop.splice(&mut p, || self.next_message());
+        self.hop = hop;
+        if spliced.is_err() {
+            // The sender went away mid-stream: the attempt fails; the barrier is moot.
+            return false;
+        }
+        self.handed = Some(p.id);
+        p.input = *input;
+        let _ = to.send(p);
+        true
+    }
+}
+
+/// How far [`Stream::fill`] got.
+enum Fill {
+    /// Everything decoded is in the local channel.
+    Done,
+    /// The local channel is full.
+    Full,
+    /// At a barrier's marker; the barrier has not come yet.
+    Gated,
 }
 
 /// Decodes a stream into its local channel; hands its barriers on (see the module doc).
@@ -113,30 +197,30 @@ pub async fn deliver_stream(body: impl Chunks, d: Delivery) {
         Some((rx, inbox)) => (Some(rx), Some(inbox)),
         None => (None, None),
     };
-    let mut s = Stream { body, decoder: Decoder::default(), waiting: VecDeque::new(), delivered: 0, ended: false };
+    let mut s = Stream {
+        body,
+        decoder: Decoder::default(),
+        waiting: VecDeque::new(),
+        messages: 0,
+        hop: Hop::default(),
+        handed: None,
+        ended: false,
+    };
     loop {
-        // Into the local channel while it has room.
-        while let Some(m) = s.waiting.pop_front() {
-            match put(&tx, budget.as_deref(), m) {
-                Put::In => s.delivered += 1,
-                Put::Full(m) => {
-                    s.waiting.push_front(m);
-                    break;
-                }
-                Put::Gone => return,
-            }
-        }
-        let blocked = !s.waiting.is_empty();
-        if s.ended && !blocked && barriers.is_none() {
+        let Ok(fill) = s.fill(&tx, budget.as_deref()) else { return };
+        let (full, gated) = (matches!(fill, Fill::Full), matches!(fill, Fill::Gated));
+        // Ended: every barrier's marker came before the end, so none is owed; gated with no
+        // barriers to come: the peer went away.
+        if (s.ended && matches!(fill, Fill::Done)) || (gated && barriers.is_none()) {
             return;
         }
         let event = tokio::select! {
             biased;
             p = async { barriers.as_mut().expect("guarded").recv().await }, if barriers.is_some() => Event::Barrier(p),
-            _ = space.notified(), if blocked => Event::Space,
+            _ = space.notified(), if full => Event::Space,
             // Only a guard against a receiver that stops notifying.
-            _ = tokio::time::sleep(Duration::from_millis(100)), if blocked => Event::Space,
-            c = s.body.next(), if !blocked && !s.ended => Event::Chunk(c),
+            _ = tokio::time::sleep(Duration::from_millis(100)), if full => Event::Space,
+            c = s.body.next(), if !full && !gated && !s.ended => Event::Chunk(c),
         };
         match event {
             Event::Space => {}
@@ -147,19 +231,11 @@ pub async fn deliver_stream(body: impl Chunks, d: Delivery) {
             }
             Event::Chunk(None) => s.ended = true,
             Event::Barrier(None) => barriers = None,
-            Event::Barrier(Some(mut p)) => {
-                if !s.reach(p.sent).await {
+            Event::Barrier(Some(p)) => {
+                let inbox = inbox.as_ref().expect("barriers come with their inbox");
+                if !s.barrier(p, inbox).await {
                     return;
                 }
-                let delivered = s.delivered;
-                let Ok(moved) = splice(&mut p, delivered, || s.waiting.pop_front()) else {
-                    // The sender went away mid-stream: the attempt fails; the barrier is moot.
-                    return;
-                };
-                s.delivered += moved as u64;
-                let (to, input) = inbox.as_ref().expect("barriers come with their inbox");
-                p.input = *input;
-                let _ = to.send(p);
             }
         }
     }
@@ -171,21 +247,32 @@ enum Put {
     Gone,
 }
 
-/// Puts `m` into the local channel if it has room, charging a back-edge's batch.
+/// Puts `m` into the local channel if it has room. A back-edge's batch is charged first (the
+/// receiver may take it off and give it back at once) and refunded if it does not get in.
 fn put(tx: &Sender<Message>, budget: Option<&FeedbackBudget>, m: Message) -> Put {
     let bytes = match (&budget, &m) {
         (Some(_), Message::Data(b)) => b.as_bytes().len() as u64,
         _ => 0,
     };
-    match tx.try_send(m) {
-        Ok(()) => {
-            if let Some(b) = budget.filter(|_| bytes > 0) {
-                b.add(bytes);
-            }
-            Put::In
+    let budget = budget.filter(|_| bytes > 0);
+    if let Some(b) = budget {
+        b.add(bytes);
+    }
+    let refund = || {
+        if let Some(b) = budget {
+            b.sub(bytes);
         }
-        Err(TrySendError::Full(m)) => Put::Full(m),
-        Err(TrySendError::Disconnected(_)) => Put::Gone,
+    };
+    match tx.try_send(m) {
+        Ok(()) => Put::In,
+        Err(TrySendError::Full(m)) => {
+            refund();
+            Put::Full(m)
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            refund();
+            Put::Gone
+        }
     }
 }
 
@@ -229,7 +316,7 @@ pub async fn deliver_barriers(mut body: h2::RecvStream, to: UnboundedSender<Prio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::net::frame::encode;
+    use crate::runtime::net::frame::encode_item;
 
     /// Chunks from a test: nothing to give window back to.
     impl Chunks for tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes> {
@@ -242,12 +329,16 @@ mod tests {
         }
     }
 
-    fn frames(ms: &[Message]) -> bytes::Bytes {
+    fn frames(items: Vec<Item>) -> bytes::Bytes {
         let mut out = Vec::new();
-        for m in ms {
-            encode(m, &mut out);
+        for i in &items {
+            encode_item(i, &mut out);
         }
         out.into()
+    }
+
+    fn wms(r: std::ops::Range<i64>) -> Vec<Item> {
+        r.map(|i| Item::Message(Message::Watermark(i))).collect()
     }
 
     fn mark(m: Message) -> i64 {
@@ -263,20 +354,27 @@ mod tests {
         }
     }
 
+    fn barrier(id: u64, sent: u64, carried: Vec<Message>) -> Priority {
+        Priority { input: 0, id: CheckpointId(id), sent, carried, started: Instant::now() }
+    }
+
+    fn paused() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap()
+    }
+
     /// A full local channel is refilled the moment its receiver takes a message off, not on a
     /// timer (virtual time does not move): a timer there capped a channel at a few thousand
     /// messages a second and kept a standing queue of ~100 ms in its window.
     #[test]
     fn cluster_net_a_full_channel_is_refilled_as_soon_as_its_receiver_takes_a_message() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
-        rt.block_on(async {
+        paused().block_on(async {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let space = Arc::new(tokio::sync::Notify::new());
             let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
             let d = Delivery { tx, space: space.clone(), budget: None, barriers: None };
             let task = tokio::spawn(deliver_stream(body, d));
             let start = tokio::time::Instant::now();
-            chunks.send(frames(&[Message::Watermark(1), Message::Watermark(2)])).unwrap();
+            chunks.send(frames(wms(1..3))).unwrap();
             settle().await;
             assert_eq!(mark(rx.try_recv().unwrap()), 1);
             assert!(rx.try_recv().is_err(), "the channel was full: the second waits");
@@ -286,33 +384,33 @@ mod tests {
             assert_eq!(start.elapsed(), Duration::ZERO, "not after a timer");
             // A receiver that is gone ends the delivery.
             drop(rx);
-            chunks.send(frames(&[Message::Watermark(3)])).unwrap();
+            chunks.send(frames(wms(3..4))).unwrap();
             settle().await;
             assert!(task.is_finished());
         });
     }
 
     /// The receiving hop: a barrier whose position lies beyond what the full channel took
-    /// carries what arrived after it (and reads the stream up to its position); what came
-    /// after the position stays for the channel.
+    /// carries what arrived before its position (reading the stream up to it); what comes
+    /// after its marker stays for the channel.
     #[test]
     fn cluster_net_a_barrier_takes_along_what_arrived_but_is_not_in_the_channel() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
-        rt.block_on(async {
+        paused().block_on(async {
             let (tx, rx) = crossbeam_channel::bounded(2);
             let (inbox_tx, inbox) = crossbeam_channel::unbounded();
-            let (barrier, barriers) = tokio::sync::mpsc::unbounded_channel();
+            let (to, barriers) = tokio::sync::mpsc::unbounded_channel();
             let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
             let d = Delivery { tx, space: Arc::default(), budget: None, barriers: Some((barriers, (inbox_tx, 4))) };
             let _task = tokio::spawn(deliver_stream(body, d));
-            chunks.send(frames(&(0..5).map(Message::Watermark).collect::<Vec<_>>())).unwrap();
+            chunks.send(frames(wms(0..5))).unwrap();
             settle().await;
-            let started = std::time::Instant::now();
-            let carried = vec![Message::Watermark(100)];
-            barrier.send(Priority { input: 0, id: crate::ids::CheckpointId(2), sent: 7, carried, started }).unwrap();
+            to.send(barrier(2, 7, vec![Message::Watermark(100)])).unwrap();
             settle().await;
             assert!(inbox.try_recv().is_err(), "positions 6 and 7 have not arrived: the barrier waits for them");
-            chunks.send(frames(&(5..9).map(Message::Watermark).collect::<Vec<_>>())).unwrap();
+            let mut rest = wms(5..7);
+            rest.push(Item::Marker(CheckpointId(2)));
+            rest.extend(wms(7..9));
+            chunks.send(frames(rest)).unwrap();
             settle().await;
             let p = inbox.try_recv().expect("the barrier");
             assert_eq!((p.input, p.sent), (4, 2), "the channel holds two; the receiving worker sets the input");
@@ -323,6 +421,41 @@ mod tests {
             settle().await;
             got.extend(rx.try_iter().map(mark));
             assert_eq!(got, vec![0, 1, 7, 8], "the channel: before the barrier, then after it");
+        });
+    }
+
+    /// The streams are not ordered with each other: what follows a marker waits for its
+    /// barrier; a later barrier's position leaves out what an earlier one carried.
+    #[test]
+    fn cluster_net_nothing_after_a_marker_reaches_the_channel_before_its_barrier() {
+        paused().block_on(async {
+            let (tx, rx) = crossbeam_channel::bounded(64);
+            let (inbox_tx, inbox) = crossbeam_channel::unbounded();
+            let (to, barriers) = tokio::sync::mpsc::unbounded_channel();
+            let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
+            let d = Delivery { tx, space: Arc::default(), budget: None, barriers: Some((barriers, (inbox_tx, 0))) };
+            let task = tokio::spawn(deliver_stream(body, d));
+            let mut items = wms(0..2);
+            items.push(Item::Marker(CheckpointId(1)));
+            items.extend(wms(2..4));
+            items.push(Item::Marker(CheckpointId(2)));
+            items.extend(wms(4..5));
+            items.push(Item::Message(Message::EndOfStream));
+            chunks.send(frames(items)).unwrap();
+            settle().await;
+            assert_eq!(rx.try_iter().map(mark).collect::<Vec<_>>(), vec![0, 1], "held at the first marker");
+            to.send(barrier(1, 2, vec![])).unwrap();
+            settle().await;
+            assert_eq!(inbox.try_recv().unwrap().sent, 2);
+            assert_eq!(rx.try_iter().map(mark).collect::<Vec<_>>(), vec![2, 3], "held at the second marker");
+            to.send(barrier(2, 4, vec![])).unwrap();
+            settle().await;
+            assert_eq!(inbox.try_recv().unwrap().sent, 4);
+            assert_eq!(mark(rx.try_recv().unwrap()), 4);
+            assert!(matches!(rx.try_recv(), Ok(Message::EndOfStream)));
+            drop(chunks); // the stream ends after its end of stream (one HTTP/2 frame)
+            settle().await;
+            assert!(task.is_finished(), "ended: no barrier is owed after the end of stream");
         });
     }
 }

@@ -5,11 +5,14 @@
 //!
 //! Invariants: messages leave in queue order, each once (to the network or carried by a
 //! barrier); a barrier leaves with every message before its position gone ahead of it or
-//! carried by it. The subtask puts a barrier in after the messages before its position, so
-//! a barrier is looked for after each message is taken and before it is handed on: a message
-//! queued after the barrier is never handed on ahead of it. The thread ends when the subtask
+//! carried by it, and its marker goes into the data stream right after the messages handed on
+//! before it (the receiving worker holds back what follows the marker until it has the
+//! barrier: the two streams are not ordered with each other). The subtask puts a barrier in
+//! after the messages before its position, so barriers are looked for after each message is
+//! taken and before it is handed on: a message queued after a barrier never goes ahead of it. The thread ends when the subtask
 //! drops its end, the peer goes, or the attempt is cancelled (a blocked send gives up then).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,8 +21,9 @@ use crossbeam_channel::{Receiver, select};
 
 use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::message::{Message, Priority};
+use crate::runtime::net::frame::Item;
 use crate::runtime::net::link::{BarrierSender, RemoteSender};
-use crate::runtime::net::splice::splice;
+use crate::runtime::net::splice::Hop;
 
 /// How long a blocked send waits before it looks for barriers and cancellation again.
 const LOOK_EVERY: Duration = Duration::from_millis(20);
@@ -49,9 +53,32 @@ pub struct Forward {
 impl Forward {
     /// Forwards until the channel ends (see the module doc).
     pub fn run(mut self) {
-        // Messages that left the local queue so far: this hop's position in the channel.
-        let mut handed = 0u64;
+        let mut hop = Hop::default();
+        // For the data stream, in order: markers of barriers sent, then at most one message
+        // taken off the queue (always last).
+        let mut pending: VecDeque<Item> = VecDeque::new();
+        let mut ended = false;
         loop {
+            // Every barrier the subtask put in before the next message is handled before it.
+            if self.take_barriers(&mut hop, &mut pending).is_err() {
+                return;
+            }
+            if let Some(item) = pending.pop_front() {
+                if self.cancel.load(Ordering::Relaxed) {
+                    return;
+                }
+                let message = matches!(item, Item::Message(_));
+                match self.data.send_within(item, LOOK_EVERY) {
+                    Ok(None) if message => hop.handed(),
+                    Ok(None) => {}
+                    Ok(Some(back)) => pending.push_front(back),
+                    Err(_) => return,
+                }
+                continue;
+            }
+            if ended {
+                return;
+            }
             let next = match &self.barriers {
                 None => self.rx.recv().map_or(Next::End, Next::Message),
                 Some((barriers, _)) => select! {
@@ -59,56 +86,52 @@ impl Forward {
                     recv(self.rx) -> m => m.map_or(Next::End, Next::Message),
                 },
             };
-            let m = match next {
-                Next::Message(m) => m,
+            match next {
+                Next::Message(m) => {
+                    self.give_back(&m);
+                    pending.push_back(Item::Message(m));
+                }
                 Next::Barrier(p) => {
-                    if self.send_barrier(p, &mut handed, &mut None).is_err() {
+                    if self.send_barrier(p, &mut hop, &mut pending).is_err() {
                         return;
                     }
-                    continue;
                 }
-                Next::BarriersClosed => {
-                    self.barriers = None;
-                    continue;
-                }
-                Next::End => return,
-            };
-            self.give_back(&m);
-            let mut held = Some(m);
-            while held.is_some() {
-                if let Some((barriers, _)) = &self.barriers {
-                    let waiting: Vec<Priority> = barriers.try_iter().collect();
-                    for p in waiting {
-                        if self.send_barrier(p, &mut handed, &mut held).is_err() {
-                            return;
-                        }
-                    }
-                }
-                let Some(m) = held.take() else { break };
-                if self.cancel.load(Ordering::Relaxed) {
-                    return;
-                }
-                match self.data.send_within(m, LOOK_EVERY) {
-                    Ok(None) => handed += 1,
-                    Ok(Some(back)) => held = Some(back),
-                    Err(_) => return,
-                }
+                Next::BarriersClosed => self.barriers = None,
+                // What is pending (and any barrier still queued) goes first.
+                Next::End => ended = true,
             }
         }
     }
 
-    /// Sends barrier `p`, taking `held` (the next message, already off the queue) and what
-    /// is queued up to its position along.
-    fn send_barrier(&self, mut p: Priority, handed: &mut u64, held: &mut Option<Message>) -> Result<(), ()> {
-        let moved = splice(&mut p, *handed, || {
-            held.take().or_else(|| {
-                let m = self.rx.try_recv().ok()?;
-                self.give_back(&m);
-                Some(m)
-            })
+    /// Sends every barrier queued now.
+    fn take_barriers(&self, hop: &mut Hop, pending: &mut VecDeque<Item>) -> Result<(), ()> {
+        let Some((barriers, _)) = &self.barriers else { return Ok(()) };
+        let queued: Vec<Priority> = barriers.try_iter().collect();
+        for p in queued {
+            self.send_barrier(p, hop, pending)?;
+        }
+        Ok(())
+    }
+
+    /// Sends barrier `p` on the priority stream, taking the pending message and what is
+    /// queued up to its position along, and puts its marker where it sits in the data stream:
+    /// after every message handed on, before a pending message it did not take.
+    fn send_barrier(&self, mut p: Priority, hop: &mut Hop, pending: &mut VecDeque<Item>) -> Result<(), ()> {
+        hop.splice(&mut p, || {
+            if matches!(pending.back(), Some(Item::Message(_))) {
+                let Some(Item::Message(m)) = pending.pop_back() else { unreachable!("checked") };
+                return Some(m);
+            }
+            let m = self.rx.try_recv().ok()?;
+            self.give_back(&m);
+            Some(m)
         })
         .map_err(|_| ())?;
-        *handed += moved as u64;
+        let marker = Item::Marker(p.id);
+        match pending.back() {
+            Some(Item::Message(_)) => pending.insert(pending.len() - 1, marker),
+            _ => pending.push_back(marker),
+        }
         let (_, to) = self.barriers.as_ref().expect("a barrier came from them");
         to.send(p).map_err(|_| ())
     }

@@ -4,8 +4,9 @@
 //!
 //! Frame: `len: u32 LE` (of what follows), `kind: u8`, then `Data`: `records: u32 LE` and the
 //! batch bytes in the record framing; `Watermark`: `i64 LE`; `Barrier`: `u64 LE`;
-//! `EndOfStream`: nothing. A channel's priority stream (unaligned checkpoints) carries
-//! barriers: `Priority`: `id: u64 LE`, `sent: u64 LE`, `elapsed_us: u64 LE` (since the
+//! `EndOfStream`: nothing; `Marker`: `u64 LE`, a checkpoint id: with unaligned checkpoints,
+//! where in the data stream that checkpoint's barrier sits (it travels on the priority
+//! stream). A channel's priority stream carries barriers: `Priority`: `id: u64 LE`, `sent: u64 LE`, `elapsed_us: u64 LE` (since the
 //! checkpoint's trigger, as the sender saw it), `carried: u32 LE`, then that many message
 //! frames (the messages the barrier carries).
 //!
@@ -28,6 +29,18 @@ const WATERMARK: u8 = 1;
 const BARRIER: u8 = 2;
 const END: u8 = 3;
 const PRIORITY: u8 = 4;
+const MARKER: u8 = 5;
+
+/// What a channel's data stream carries: its messages, and with unaligned checkpoints where
+/// each barrier sent on the priority stream sits among them.
+#[derive(Debug)]
+pub enum Item {
+    /// A message of the channel.
+    Message(Message),
+    /// The place of checkpoint `id`'s barrier: nothing after it may reach the receiver
+    /// before that barrier does.
+    Marker(CheckpointId),
+}
 
 /// Most messages one barrier may carry (a sender carries its channel's overflow, bounded by
 /// the channel's capacity, and one batch).
@@ -38,6 +51,8 @@ pub const MAX_CARRIED: u32 = 1 << 20;
 pub enum Frame {
     /// A message.
     Message(Message),
+    /// Where a barrier sits in a data stream.
+    Marker(CheckpointId),
     /// A barrier; its carried messages follow as `carried` message frames.
     Priority {
         /// The checkpoint.
@@ -98,6 +113,18 @@ pub fn encode(m: &Message, out: &mut Vec<u8>) {
     }
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Appends `item`'s frame to `out`.
+pub fn encode_item(item: &Item, out: &mut Vec<u8>) {
+    match item {
+        Item::Message(m) => encode(m, out),
+        Item::Marker(id) => {
+            out.extend_from_slice(&9u32.to_le_bytes());
+            out.push(MARKER);
+            out.extend_from_slice(&id.0.to_le_bytes());
+        }
+    }
 }
 
 /// Appends the frames of unaligned barrier `p` to `out`: its head, then what it carries.
@@ -176,6 +203,12 @@ impl Decoder {
 
 fn decode_frame(body: &[u8]) -> Result<Frame, FrameError> {
     let (kind, rest) = (body[0], &body[1..]);
+    if kind == MARKER {
+        if rest.len() != 8 {
+            return Err(FrameError::Size { kind, len: rest.len() });
+        }
+        return Ok(Frame::Marker(CheckpointId(u64::from_le_bytes(rest.try_into().unwrap()))));
+    }
     if kind != PRIORITY {
         return decode(body).map(Frame::Message);
     }
@@ -280,6 +313,13 @@ mod tests {
             .collect();
         assert!(same(&msgs, &sample()));
         assert_eq!(Decoder::default().push(&bytes, &mut Vec::new()), Err(FrameError::Kind(PRIORITY)));
+        // A marker: in a data stream's frames; not a message.
+        let mut marker = Vec::new();
+        encode_item(&Item::Marker(CheckpointId(9)), &mut marker);
+        let mut out = Vec::new();
+        Decoder::default().push_frames(&marker, &mut out).unwrap();
+        assert!(matches!(out.as_slice(), [Frame::Marker(CheckpointId(9))]), "{out:?}");
+        assert_eq!(Decoder::default().push(&marker, &mut Vec::new()), Err(FrameError::Kind(MARKER)));
         // A head claiming more carried messages than any sender carries.
         let mut head = bytes[..33].to_vec();
         head[29..33].copy_from_slice(&(MAX_CARRIED + 1).to_le_bytes());

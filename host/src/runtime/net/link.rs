@@ -34,7 +34,7 @@ use crate::io_runtime::io_runtime;
 use crate::runtime::feedback_budget::FeedbackBudget;
 use crate::runtime::message::{Message, Priority};
 use crate::runtime::net::deliver::{BarrierInbox, Delivery, deliver_barriers, deliver_stream};
-use crate::runtime::net::frame::{encode, encode_priority};
+use crate::runtime::net::frame::{Item, encode_item, encode_priority};
 use crate::runtime::output::Disconnected;
 
 /// Bytes a channel may have on the wire unread (its credit).
@@ -328,11 +328,11 @@ impl BarrierSender {
 }
 
 /// Writes queued messages to the stream as the window allows.
-async fn send_stream(mut stream: h2::SendStream<Bytes>, mut rx: tokio::sync::mpsc::Receiver<Message>) {
+async fn send_stream(mut stream: h2::SendStream<Bytes>, mut rx: tokio::sync::mpsc::Receiver<Item>) {
     let mut buf = Vec::new();
-    while let Some(m) = rx.recv().await {
-        encode(&m, &mut buf);
-        let end = matches!(m, Message::EndOfStream);
+    while let Some(item) = rx.recv().await {
+        encode_item(&item, &mut buf);
+        let end = matches!(item, Item::Message(Message::EndOfStream));
         if !send_all(&mut stream, Bytes::from(std::mem::take(&mut buf)), end).await {
             return;
         }
@@ -366,39 +366,23 @@ pub(crate) async fn send_all(stream: &mut h2::SendStream<Bytes>, mut data: Bytes
 
 /// The sending end of a channel to another worker.
 pub struct RemoteSender {
-    tx: tokio::sync::mpsc::Sender<Message>,
+    tx: tokio::sync::mpsc::Sender<Item>,
 }
 
 impl RemoteSender {
     /// Queues `m`, blocking while the channel's queue is full (backpressure). Call from a
     /// subtask thread, not from async code.
     pub fn send(&self, m: Message) -> Result<(), Disconnected> {
-        self.tx.blocking_send(m).map_err(|_| Disconnected)
+        self.tx.blocking_send(Item::Message(m)).map_err(|_| Disconnected)
     }
 
-    /// Queues `m` if there is room within `wait`; else hands it back.
-    pub fn send_within(&self, m: Message, wait: Duration) -> Result<Option<Message>, Disconnected> {
+    /// Queues `item` if there is room within `wait`; else hands it back.
+    pub fn send_within(&self, item: Item, wait: Duration) -> Result<Option<Item>, Disconnected> {
         use tokio::sync::mpsc::error::SendTimeoutError;
-        match io_runtime().block_on(self.tx.send_timeout(m, wait)) {
+        match io_runtime().block_on(self.tx.send_timeout(item, wait)) {
             Ok(()) => Ok(None),
             Err(SendTimeoutError::Timeout(back)) => Ok(Some(back)),
             Err(SendTimeoutError::Closed(_)) => Err(Disconnected),
-        }
-    }
-
-    /// [`send`](Self::send), giving up once `cancel` is set: a peer that stopped reading
-    /// (paused, partitioned) must not hold the sender past its attempt's cancellation.
-    pub fn send_unless(&self, mut m: Message, cancel: &std::sync::atomic::AtomicBool) -> Result<(), Disconnected> {
-        use tokio::sync::mpsc::error::SendTimeoutError;
-        loop {
-            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(Disconnected);
-            }
-            match io_runtime().block_on(self.tx.send_timeout(m, Duration::from_millis(50))) {
-                Ok(()) => return Ok(()),
-                Err(SendTimeoutError::Timeout(back)) => m = back,
-                Err(SendTimeoutError::Closed(_)) => return Err(Disconnected),
-            }
         }
     }
 }
@@ -514,6 +498,96 @@ mod tests {
         assert_eq!(got, want, "the channel: what it held before the barrier, then what came after it");
         drop(queue);
         thread.join().unwrap();
+    }
+
+    /// Many barriers while a slow receiver keeps every queue full, as the receiving input
+    /// reads (its inbox before each message; a message taken just as a barrier came goes after
+    /// what the barrier carried): every message once, in order, each barrier's own carried
+    /// message right after the messages put before it — the channel as in one process.
+    #[test]
+    fn cluster_net_barriers_between_workers_keep_every_channel_position_as_in_one_process() {
+        use crate::ids::CheckpointId;
+        use crate::runtime::net::forward::Forward;
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
+        let key = ChannelKey { attempt: 1, channel: 0 };
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        let (inbox_tx, inbox) = crossbeam_channel::unbounded::<Priority>();
+        inbound.expect(key, tx, Arc::default(), None, Some((inbox_tx, 0)));
+        let out = Outbound::connect(inbound.addr(), "secret", None).unwrap();
+        let (queue, local) = crossbeam_channel::bounded(16);
+        let (barrier, barriers) = crossbeam_channel::unbounded();
+        let forward = Forward {
+            rx: local,
+            data: out.open(key, 4).unwrap(),
+            barriers: Some((barriers, out.open_barriers(key).unwrap())),
+            budget: None,
+            cancel: Arc::default(),
+        };
+        let forwarding = std::thread::spawn(move || forward.run());
+        let (n, every) = (600u64, 50u64);
+        let sender = std::thread::spawn(move || {
+            for i in 0..n {
+                queue.send(batch(i)).unwrap();
+                if (i + 1) % every == 0 {
+                    let carried = vec![Message::Watermark(-((i + 1) as i64))];
+                    let p = Priority {
+                        input: 0,
+                        id: CheckpointId(i + 1),
+                        sent: i + 1,
+                        carried,
+                        started: std::time::Instant::now(),
+                    };
+                    barrier.send(p).unwrap();
+                }
+            }
+            queue.send(Message::EndOfStream).unwrap();
+        });
+        let mut want = Vec::new();
+        for i in 0..n as i64 {
+            want.push(i);
+            if (i + 1) % every as i64 == 0 {
+                want.push(-(i + 1));
+            }
+        }
+        let key_of = |m: &Message| match m {
+            Message::Data(_) => ts(m),
+            Message::Watermark(w) => *w,
+            other => panic!("{other:?}"),
+        };
+        let (mut got, mut received, mut barriers_seen, mut overtook) = (Vec::new(), 0u64, 0, 0);
+        loop {
+            let m = rx.recv_timeout(Duration::from_secs(30)).expect("the channel goes on");
+            std::thread::sleep(Duration::from_micros(500)); // a slow receiver: queues stay full
+            received += 1;
+            let mut beyond = Some(m);
+            while let Ok(p) = inbox.try_recv() {
+                barriers_seen += 1;
+                // Taken off before the barrier was seen: at most the one just taken is beyond.
+                assert!(received <= p.sent + 1, "{received} taken, the barrier at {}", p.sent);
+                let racing = if received > p.sent { beyond.take() } else { None };
+                if let Some(m) = beyond.take() {
+                    got.push(key_of(&m));
+                }
+                while received < p.sent {
+                    let m = rx.try_recv().expect("every message before a barrier's position is in the channel");
+                    got.push(key_of(&m));
+                    received += 1;
+                }
+                overtook += (p.carried.len() > 1) as u32;
+                got.extend(p.carried.iter().map(key_of));
+                beyond = racing;
+            }
+            match beyond {
+                Some(Message::EndOfStream) => break,
+                Some(m) => got.push(key_of(&m)),
+                None => {}
+            }
+        }
+        sender.join().unwrap();
+        forwarding.join().unwrap();
+        assert_eq!(barriers_seen, n / every);
+        assert!(overtook > 0, "no barrier overtook anything: the test exercised nothing");
+        assert_eq!(got, want);
     }
 
     #[test]
