@@ -362,6 +362,27 @@ mod tests {
         tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap()
     }
 
+    /// A data task with barriers: the receiver's channel (`cap`) and inbox (input `input`),
+    /// where barriers and chunks are sent in, and the task.
+    #[allow(clippy::type_complexity)]
+    fn with_barriers(
+        cap: usize,
+        input: usize,
+    ) -> (
+        crossbeam_channel::Receiver<Message>,
+        crossbeam_channel::Receiver<Priority>,
+        UnboundedSender<Priority>,
+        UnboundedSender<bytes::Bytes>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (tx, rx) = crossbeam_channel::bounded(cap);
+        let (inbox_tx, inbox) = crossbeam_channel::unbounded();
+        let (to, barriers) = tokio::sync::mpsc::unbounded_channel();
+        let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
+        let d = Delivery { tx, space: Arc::default(), budget: None, barriers: Some((barriers, (inbox_tx, input))) };
+        (rx, inbox, to, chunks, tokio::spawn(deliver_stream(body, d)))
+    }
+
     /// A full local channel is refilled the moment its receiver takes a message off, not on a
     /// timer (virtual time does not move): a timer there capped a channel at a few thousand
     /// messages a second and kept a standing queue of ~100 ms in its window.
@@ -396,12 +417,7 @@ mod tests {
     #[test]
     fn cluster_net_a_barrier_takes_along_what_arrived_but_is_not_in_the_channel() {
         paused().block_on(async {
-            let (tx, rx) = crossbeam_channel::bounded(2);
-            let (inbox_tx, inbox) = crossbeam_channel::unbounded();
-            let (to, barriers) = tokio::sync::mpsc::unbounded_channel();
-            let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
-            let d = Delivery { tx, space: Arc::default(), budget: None, barriers: Some((barriers, (inbox_tx, 4))) };
-            let _task = tokio::spawn(deliver_stream(body, d));
+            let (rx, inbox, to, chunks, _task) = with_barriers(2, 4);
             chunks.send(frames(wms(0..5))).unwrap();
             settle().await;
             to.send(barrier(2, 7, vec![Message::Watermark(100)])).unwrap();
@@ -429,12 +445,7 @@ mod tests {
     #[test]
     fn cluster_net_nothing_after_a_marker_reaches_the_channel_before_its_barrier() {
         paused().block_on(async {
-            let (tx, rx) = crossbeam_channel::bounded(64);
-            let (inbox_tx, inbox) = crossbeam_channel::unbounded();
-            let (to, barriers) = tokio::sync::mpsc::unbounded_channel();
-            let (chunks, body) = tokio::sync::mpsc::unbounded_channel();
-            let d = Delivery { tx, space: Arc::default(), budget: None, barriers: Some((barriers, (inbox_tx, 0))) };
-            let task = tokio::spawn(deliver_stream(body, d));
+            let (rx, inbox, to, chunks, task) = with_barriers(64, 0);
             let mut items = wms(0..2);
             items.push(Item::Marker(CheckpointId(1)));
             items.extend(wms(2..4));

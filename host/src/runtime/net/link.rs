@@ -450,6 +450,39 @@ mod tests {
         assert!(matches!(got.last(), Some(Message::EndOfStream)));
     }
 
+    /// One channel between workers with unaligned checkpoints, sender side and receiver side:
+    /// the receiver's channel (`cap`) and priority inbox (input `input`), the sending subtask's
+    /// local queue (`queue` messages) and barriers, and the forwarding thread.
+    struct Unaligned {
+        rx: crossbeam_channel::Receiver<Message>,
+        inbox: crossbeam_channel::Receiver<Priority>,
+        queue: crossbeam_channel::Sender<Message>,
+        barrier: crossbeam_channel::Sender<Priority>,
+        forwarding: std::thread::JoinHandle<()>,
+        _ends: (Inbound, Outbound),
+    }
+
+    fn unaligned(cap: usize, queue: usize, input: usize) -> Unaligned {
+        use crate::runtime::net::forward::Forward;
+        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
+        let key = ChannelKey { attempt: 1, channel: 0 };
+        let (tx, rx) = crossbeam_channel::bounded(cap);
+        let (inbox_tx, inbox) = crossbeam_channel::unbounded();
+        inbound.expect(key, tx, Arc::default(), None, Some((inbox_tx, input)));
+        let out = Outbound::connect(inbound.addr(), "secret", None).unwrap();
+        let (queue, local) = crossbeam_channel::bounded(queue);
+        let (barrier, barriers) = crossbeam_channel::unbounded();
+        let forward = Forward {
+            rx: local,
+            data: out.open(key, cap).unwrap(),
+            barriers: Some((barriers, out.open_barriers(key).unwrap())),
+            budget: None,
+            cancel: Arc::default(),
+        };
+        let forwarding = std::thread::spawn(move || forward.run());
+        Unaligned { rx, inbox, queue, barrier, forwarding, _ends: (inbound, out) }
+    }
+
     /// Unaligned checkpoints between workers: a barrier overtakes a channel whose receiver
     /// reads nothing — what is queued at the sender, on the network and at the receiver —
     /// carrying those messages in order ahead of what it carried; the receiver's channel keeps
@@ -457,23 +490,7 @@ mod tests {
     #[test]
     fn cluster_net_a_barrier_overtakes_a_stalled_channel_carrying_what_was_queued_in_order() {
         use crate::ids::CheckpointId;
-        use crate::runtime::net::forward::Forward;
-        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
-        let key = ChannelKey { attempt: 1, channel: 0 };
-        let (tx, rx) = crossbeam_channel::bounded(2);
-        let (inbox_tx, inbox) = crossbeam_channel::unbounded();
-        inbound.expect(key, tx, Arc::default(), None, Some((inbox_tx, 5)));
-        let out = Outbound::connect(inbound.addr(), "secret", None).unwrap();
-        let (queue, local) = crossbeam_channel::bounded(64);
-        let (barrier, barriers) = crossbeam_channel::unbounded();
-        let forward = Forward {
-            rx: local,
-            data: out.open(key, 2).unwrap(),
-            barriers: Some((barriers, out.open_barriers(key).unwrap())),
-            budget: None,
-            cancel: Arc::default(),
-        };
-        let thread = std::thread::spawn(move || forward.run());
+        let Unaligned { rx, inbox, queue, barrier, forwarding: thread, _ends } = unaligned(2, 64, 5);
         // 40 batches of 10 KiB: more than the receiver's channel, the stream's window and the
         // sender's queues hold together, so they are spread over all of them.
         for i in 0..40 {
@@ -507,23 +524,7 @@ mod tests {
     #[test]
     fn cluster_net_barriers_between_workers_keep_every_channel_position_as_in_one_process() {
         use crate::ids::CheckpointId;
-        use crate::runtime::net::forward::Forward;
-        let inbound = Inbound::bind("127.0.0.1:0".parse().unwrap(), "secret", None).unwrap();
-        let key = ChannelKey { attempt: 1, channel: 0 };
-        let (tx, rx) = crossbeam_channel::bounded(4);
-        let (inbox_tx, inbox) = crossbeam_channel::unbounded::<Priority>();
-        inbound.expect(key, tx, Arc::default(), None, Some((inbox_tx, 0)));
-        let out = Outbound::connect(inbound.addr(), "secret", None).unwrap();
-        let (queue, local) = crossbeam_channel::bounded(16);
-        let (barrier, barriers) = crossbeam_channel::unbounded();
-        let forward = Forward {
-            rx: local,
-            data: out.open(key, 4).unwrap(),
-            barriers: Some((barriers, out.open_barriers(key).unwrap())),
-            budget: None,
-            cancel: Arc::default(),
-        };
-        let forwarding = std::thread::spawn(move || forward.run());
+        let Unaligned { rx, inbox, queue, barrier, forwarding, _ends } = unaligned(4, 16, 0);
         let (n, every) = (600u64, 50u64);
         let sender = std::thread::spawn(move || {
             for i in 0..n {
