@@ -16,9 +16,9 @@
 //! - with incremental checkpoints the store records which keys each page-out changed, in
 //!   the current change epoch; a barrier closes the epoch, and an incremental snapshot is, per
 //!   key group with state, a delta of the keys changed up to it with their values in the view
-//!   (what the memory backend's SDKs write too); a group's changes are forgotten once it went
-//!   out (full or delta), later epochs' stay. A snapshot abandoned half-way leaves the rest
-//!   recorded, and the next one is full anyway (`checkpoint/incremental.rs`);
+//!   (what the memory backend's SDKs write too); the changes up to the barrier are forgotten
+//!   once every group went out (full or delta), later epochs' stay. A snapshot abandoned
+//!   half-way forgets nothing: the next delta covers its epochs too;
 //! - a restore goes through the guest in chunks of key groups (so it migrates state as on
 //!   the memory backend) and each chunk is paged out into the store at once: the cache never
 //!   holds more than a chunk.
@@ -245,9 +245,6 @@ impl Paged {
                 self.store.group_delta(&p.view, p.next, p.epoch)
             }
             .map_err(store_failed("snapshot"))?;
-            if self.track {
-                self.store.forget_changes(&p.view, p.next, p.epoch).map_err(store_failed("snapshot"))?;
-            }
             if !data.is_empty() {
                 bytes += data.len();
                 keyed.push(KeyGroupState { key_group: p.next, data });
@@ -257,7 +254,10 @@ impl Paged {
         if p.next < self.groups.end {
             keyed.push(KeyGroupState { key_group: MORE, data: Vec::new() });
         } else {
+            let epoch = p.epoch;
             self.snapshot = None;
+            // Every group went out: no later delta needs the changes up to the barrier.
+            self.store.forget_changes(epoch).map_err(store_failed("snapshot"))?;
         }
         Ok(keyed)
     }

@@ -6,6 +6,12 @@
 //! (`wit/operator.wit`). Pages in and out are blobs of that layout, so the store never
 //! decodes a value.
 //!
+//! Incremental checkpoints keep one more partition per change epoch (`changes-<epoch>`):
+//! every write of the epoch goes there too, with its value (or a removal marker), so a
+//! checkpoint's delta is a scan of the partitions of the epochs it covers, newest winning,
+//! with no lookup in the state and no bookkeeping per key; the partitions are dropped whole
+//! once a snapshot handed every group out.
+//!
 //! Invariants: the store is scratch space of one attempt — created empty in a fresh
 //! directory, filled from the checkpoint it restores, deleted when the subtask ends —
 //! so durability comes from checkpoints and the journal is never synced; a group's blob for
@@ -13,6 +19,7 @@
 //! never show in it; a malformed page or an over-long key is an error naming it, never a
 //! panic or a partial write (a page is one atomic batch).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle, Snapshot};
@@ -61,9 +68,9 @@ pub struct StateStore {
     dir: PathBuf,
     keyspace: Keyspace,
     data: PartitionHandle,
-    /// Incremental checkpoints: the keys (as in `data`) changed since the snapshot that last
-    /// handed out their group, each with the change epoch it was last written in.
-    changed: PartitionHandle,
+    /// Incremental checkpoints: per change epoch not yet handed out by a whole snapshot,
+    /// the writes of that epoch (keys as in `data`; values tagged [`UPSERT`] or [`REMOVED`]).
+    changes: BTreeMap<u64, PartitionHandle>,
     /// Declared keyed states, in ordinal order.
     states: Vec<String>,
 }
@@ -86,8 +93,18 @@ impl StateStore {
             .map_err(io)?;
         let opts = || PartitionCreateOptions::default().max_memtable_size(MEMTABLE);
         let data = keyspace.open_partition("keyed", opts()).map_err(io)?;
-        let changed = keyspace.open_partition("changed", opts()).map_err(io)?;
-        Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changed, states })
+        Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changes: BTreeMap::new(), states })
+    }
+
+    /// The partition recording the writes of change epoch `epoch` (opened at its first write).
+    fn changes_of(&mut self, epoch: u64) -> Result<PartitionHandle, StoreError> {
+        if let Some(p) = self.changes.get(&epoch) {
+            return Ok(p.clone());
+        }
+        let opts = PartitionCreateOptions::default().max_memtable_size(MEMTABLE);
+        let p = self.keyspace.open_partition(&format!("changes-{epoch}"), opts).map_err(self.io())?;
+        self.changes.insert(epoch, p.clone());
+        Ok(p)
     }
 
     fn io<E: Into<fjall::Error>>(&self) -> impl Fn(E) -> StoreError + '_ {
@@ -126,7 +143,8 @@ impl StateStore {
 
     /// Writes pages (delta blobs: upserts and removals) in one atomic batch, with `epoch`
     /// recording each key as changed in that epoch; returns the entries and bytes written.
-    pub fn apply(&self, pages: &[KeyGroupState], epoch: Option<u64>) -> Result<(usize, usize), StoreError> {
+    pub fn apply(&mut self, pages: &[KeyGroupState], epoch: Option<u64>) -> Result<(usize, usize), StoreError> {
+        let log = epoch.map(|e| self.changes_of(e)).transpose()?;
         let mut batch = self.keyspace.batch();
         let (mut entries, mut bytes) = (0, 0);
         for p in pages {
@@ -145,8 +163,11 @@ impl StateStore {
                     let k = store_key(p.key_group, ordinal, &key);
                     entries += 1;
                     bytes += key.len() + value.as_ref().map_or(0, Vec::len);
-                    if let Some(e) = epoch {
-                        batch.insert(&self.changed, k.clone(), e.to_be_bytes());
+                    if let Some(c) = &log {
+                        let mut tagged = Vec::with_capacity(1 + value.as_ref().map_or(0, Vec::len));
+                        tagged.push(if value.is_some() { UPSERT } else { REMOVED });
+                        tagged.extend_from_slice(value.as_deref().unwrap_or_default());
+                        batch.insert(c, k.clone(), tagged);
                     }
                     match value {
                         Some(v) => batch.insert(&self.data, k, v),
@@ -163,11 +184,9 @@ impl StateStore {
         self.states.iter().position(|s| s == name)
     }
 
-    /// A read view of the store as it is now (a checkpoint's barrier): its state and its
-    /// changes, at one instant.
+    /// A read view of the store as it is now (a checkpoint's barrier).
     pub fn read_view(&self) -> ReadView {
-        let at = self.keyspace.instant();
-        ReadView { data: self.data.snapshot_at(at), changed: self.changed.snapshot_at(at) }
+        ReadView { data: self.data.snapshot_at(self.keyspace.instant()) }
     }
 
     /// Key group `group`'s full blob in `view` (empty: no state).
@@ -187,44 +206,45 @@ impl StateStore {
         Ok(layout::encode(&named))
     }
 
-    /// Key group `group`'s delta blob in `view`: the keys changed in epochs up to `epoch`
-    /// with their values in the view (upserts) or none (removals). Empty when the group has
-    /// no state in the view (its absence says so; a delta would patch a state it no longer
-    /// has).
+    /// Key group `group`'s delta blob in `view`: the keys written in change epochs up to
+    /// `epoch` (closed: nothing writes to them any more) that no whole snapshot handed out
+    /// yet, each with its newest write (an upsert, which is its value in the view, or a
+    /// removal). Empty when the group has no state in the view (its absence says so; a delta
+    /// would patch a state it no longer has).
     pub fn group_delta(&self, view: &ReadView, group: u32, epoch: u64) -> Result<Vec<u8>, StoreError> {
         if view.data.prefix(group.to_be_bytes()).next().transpose().map_err(self.io())?.is_none() {
             return Ok(Vec::new());
         }
+        // Oldest epoch first: a newer write of a key replaces an older one.
+        let mut changed: BTreeMap<fjall::Slice, fjall::Slice> = BTreeMap::new();
+        for part in self.changes.range(..=epoch).map(|(_, p)| p) {
+            for kv in part.prefix(group.to_be_bytes()) {
+                let (k, v) = kv.map_err(self.io())?;
+                changed.insert(k, v);
+            }
+        }
         let mut states: Vec<DeltaState> = Vec::new();
         let mut current = usize::MAX;
-        for kv in view.changed.prefix(group.to_be_bytes()) {
-            let (k, e) = kv.map_err(self.io())?;
-            if epoch_of(&e) > epoch {
-                continue;
-            }
+        for (k, v) in changed {
             let ordinal = u16::from_be_bytes([k[4], k[5]]) as usize;
             if ordinal != current {
                 states.push((self.states.get(ordinal).cloned().unwrap_or_default(), Vec::new()));
                 current = ordinal;
             }
-            let value = view.data.get(&k).map_err(self.io())?.map(|v| v.to_vec());
+            let value = (v.first() == Some(&UPSERT)).then(|| v[1..].to_vec());
             states.last_mut().expect("pushed").1.push((k[PREFIX..].to_vec(), value));
         }
         Ok(layout::encode_delta(&states))
     }
 
-    /// Forgets the changes of key group `group` in epochs up to `epoch` (they went out with a
-    /// snapshot); later changes of the same keys stay.
-    pub fn forget_changes(&self, view: &ReadView, group: u32, epoch: u64) -> Result<(), StoreError> {
-        let mut batch = self.keyspace.batch();
-        for kv in view.changed.prefix(group.to_be_bytes()) {
-            let (k, _) = kv.map_err(self.io())?;
-            let now = self.changed.get(&k).map_err(self.io())?;
-            if now.is_some_and(|e| epoch_of(&e) <= epoch) {
-                batch.remove(&self.changed, k);
-            }
+    /// Forgets the changes of epochs up to `epoch`: a snapshot at that epoch handed every
+    /// group out (full or delta), so no later delta needs them; later epochs' stay.
+    pub fn forget_changes(&mut self, epoch: u64) -> Result<(), StoreError> {
+        let later = self.changes.split_off(&(epoch + 1));
+        for (_, part) in std::mem::replace(&mut self.changes, later) {
+            self.keyspace.delete_partition(part).map_err(self.io())?;
         }
-        batch.commit().map_err(self.io())
+        Ok(())
     }
 
     /// Bytes the store takes on disk.
@@ -264,12 +284,11 @@ fn free_bytes(dir: &Path) -> Option<(u64, u64)> {
 /// A read view of the store at one instant: what a checkpoint hands out.
 pub struct ReadView {
     data: Snapshot,
-    changed: Snapshot,
 }
 
-fn epoch_of(v: &[u8]) -> u64 {
-    v.try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX)
-}
+/// The tag of a recorded change: the key was written (its value follows) or removed.
+const UPSERT: u8 = 1;
+const REMOVED: u8 = 0;
 
 fn store_key(group: u32, ordinal: usize, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(PREFIX + key.len());
@@ -300,7 +319,7 @@ mod tests {
     #[test]
     fn pages_out_and_in_again_by_key_and_a_group_reads_back_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path());
+        let mut s = store(dir.path());
         s.apply(
             &[
                 page(3, &[up("count", &[("a", Some("1")), ("b", Some("2"))]), up("seen", &[("a", Some("x"))])]),
@@ -331,7 +350,7 @@ mod tests {
     #[test]
     fn a_bad_page_is_refused_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path());
+        let mut s = store(dir.path());
         let e = s.apply(&[page(1, &[up("count", &[("a", Some("1"))]), up("nope", &[("a", Some("1"))])])], Some(1));
         assert!(e.unwrap_err().to_string().contains("undeclared keyed state `nope`"));
         assert!(s.group_blob(&s.read_view(), 1).unwrap().is_empty(), "nothing of it was written");
@@ -353,13 +372,14 @@ mod tests {
     #[test]
     fn deltas_fold_onto_the_previous_snapshot_and_later_changes_stay_tracked() {
         let dir = tempfile::tempdir().unwrap();
-        let s = store(dir.path());
+        let mut s = store(dir.path());
         s.apply(&[page(0, &[up("count", &[("a", Some("1")), ("b", Some("2")), ("c", Some("3"))])])], Some(1)).unwrap();
         let v1 = s.read_view();
         let base = s.group_blob(&v1, 0).unwrap();
-        s.forget_changes(&v1, 0, 1).unwrap();
-        // Epoch 2: b changes, c goes, d comes; the barrier at 2; then epoch 3 changes a.
-        s.apply(&[page(0, &[up("count", &[("b", Some("20")), ("c", None), ("d", Some("4"))])])], Some(2)).unwrap();
+        s.forget_changes(1).unwrap();
+        // Epoch 2: b changes twice, c goes, d comes; the barrier at 2; then epoch 3 changes a.
+        s.apply(&[page(0, &[up("count", &[("b", Some("19")), ("c", None), ("d", Some("4"))])])], Some(2)).unwrap();
+        s.apply(&[page(0, &[up("count", &[("b", Some("20"))])])], Some(2)).unwrap();
         let v2 = s.read_view();
         s.apply(&[page(0, &[up("count", &[("a", Some("10"))])])], Some(3)).unwrap();
         let delta = s.group_delta(&v2, 0, 2).unwrap();
@@ -368,12 +388,33 @@ mod tests {
         let keys: Vec<&[u8]> = d[0].1.iter().map(|(k, _)| &k[..]).collect();
         assert_eq!(keys, vec![&b"b"[..], b"c", b"d"], "a changed after the barrier only");
         assert_eq!(apply_delta(&base, &delta).unwrap(), s.group_blob(&v2, 0).unwrap());
-        s.forget_changes(&v2, 0, 2).unwrap();
+        s.forget_changes(2).unwrap();
         let v3 = s.read_view();
         let d = crate::checkpoint::layout::decode_delta(&s.group_delta(&v3, 0, 3).unwrap()).unwrap();
         assert_eq!(d[0].1, vec![(b"a".to_vec(), Some(b"10".to_vec()))], "a's change in epoch 3 is still tracked");
         // A group emptied by removals has no state: no delta either.
         s.apply(&[page(0, &[up("count", &[("a", None), ("b", None), ("d", None)])])], Some(4)).unwrap();
         assert!(s.group_delta(&s.read_view(), 0, 4).unwrap().is_empty());
+    }
+
+    /// A snapshot abandoned half-way forgets nothing: the next delta covers both epochs,
+    /// the newer write of a key winning, and removals after an upsert stay removals.
+    #[test]
+    fn a_delta_after_an_abandoned_snapshot_covers_its_epochs_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        s.apply(&[page(0, &[up("count", &[("a", Some("1")), ("z", Some("0"))])])], Some(1)).unwrap();
+        s.forget_changes(1).unwrap();
+        s.apply(&[page(0, &[up("count", &[("a", Some("2")), ("b", Some("2")), ("c", Some("2"))])])], Some(2)).unwrap();
+        // The snapshot at epoch 2 is abandoned: nothing forgotten. Epoch 3 changes a and c.
+        s.apply(&[page(0, &[up("count", &[("a", Some("3")), ("c", None)])])], Some(3)).unwrap();
+        let view = s.read_view();
+        let d = crate::checkpoint::layout::decode_delta(&s.group_delta(&view, 0, 3).unwrap()).unwrap();
+        let got: Vec<(&[u8], Option<&[u8]>)> = d[0].1.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
+        assert_eq!(got, vec![(&b"a"[..], Some(&b"3"[..])), (b"b", Some(b"2")), (b"c", None)]);
+        s.forget_changes(3).unwrap();
+        assert!(s.changes.is_empty(), "every epoch's partition is dropped");
+        let d = s.group_delta(&s.read_view(), 0, 3).unwrap();
+        assert!(crate::checkpoint::layout::decode_delta(&d).unwrap().is_empty(), "nothing changed since");
     }
 }
