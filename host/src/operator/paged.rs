@@ -17,8 +17,8 @@
 //!   the current change epoch; a barrier closes the epoch, and an incremental snapshot is, per
 //!   key group with state, a delta of the keys changed up to it with their values in the view
 //!   (what the memory backend's SDKs write too); the changes up to the barrier are forgotten
-//!   once every group went out (full or delta), later epochs' stay. A snapshot abandoned
-//!   half-way forgets nothing: the next delta covers its epochs too;
+//!   once every group of a delta went out, or at the barrier of a full one; later epochs'
+//!   stay. A delta abandoned half-way forgets nothing (the next snapshot covers its epochs);
 //! - a restore goes through the guest in chunks of key groups (so it migrates state as on
 //!   the memory backend) and each chunk is paged out into the store at once: the cache never
 //!   holds more than a chunk.
@@ -196,7 +196,10 @@ impl Paged {
             }
             let epoch = self.track.then_some(self.epoch);
             if let Some(b) = &self.budget {
-                let bytes = pages.iter().map(|p| p.data.len() as u64).sum();
+                // Incremental checkpoints write every change twice: to the state and to its
+                // epoch's record of changes (`operator/store.rs`).
+                let copies = if self.track { 2 } else { 1 };
+                let bytes = copies * pages.iter().map(|p| p.data.len() as u64).sum::<u64>();
                 b.charge(bytes).map_err(|message| GuestError::Failed { call: "page-out", message })?;
             }
             let (entries, bytes) = self.store.apply(&pages, epoch).map_err(store_failed("page-out"))?;
@@ -312,6 +315,12 @@ impl OperatorLogic for Paged {
             operator_state = snap.operator_state;
             let view = self.store.read_view();
             let full = !self.track || matches!(mode, SnapshotMode::Full);
+            if full && self.track {
+                // A full snapshot covers every change up to the barrier; should it be
+                // abandoned, the next one is full again. So no delta needs them any more,
+                // and abandoned snapshots never pile change epochs up.
+                self.store.forget_changes(self.epoch).map_err(store_failed("snapshot"))?;
+            }
             self.snapshot = Some(InProgress { checkpoint, view, next: self.groups.start, full, epoch: self.epoch });
             self.epoch += 1;
         }

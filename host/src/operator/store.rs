@@ -6,11 +6,11 @@
 //! (`wit/operator.wit`). Pages in and out are blobs of that layout, so the store never
 //! decodes a value.
 //!
-//! Incremental checkpoints keep one more partition per change epoch (`changes-<epoch>`):
-//! every write of the epoch goes there too, with its value (or a removal marker), so a
-//! checkpoint's delta is a scan of the partitions of the epochs it covers, newest winning,
-//! with no lookup in the state and no bookkeeping per key; the partitions are dropped whole
-//! once a snapshot handed every group out.
+//! Incremental checkpoints record every write of a change epoch a second time, with its value
+//! (or a removal marker), in that epoch's record of changes ([`ChangeLog`], beside the
+//! store), so a checkpoint's delta is a scan of the epochs it covers, newest winning, with no
+//! lookup in the state and no bookkeeping per key; an epoch is dropped whole once a snapshot
+//! handed every group out.
 //!
 //! Invariants: the store is scratch space of one attempt — created empty in a fresh
 //! directory, filled from the checkpoint it restores, deleted when the subtask ends —
@@ -19,10 +19,11 @@
 //! never show in it; a malformed page or an over-long key is an error naming it, never a
 //! panic or a partial write (a page is one atomic batch).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle, Snapshot};
+
+use crate::operator::changes::ChangeLog;
 use thiserror::Error;
 
 use crate::checkpoint::layout::{self, DeltaState, NamedState};
@@ -70,7 +71,7 @@ pub struct StateStore {
     data: PartitionHandle,
     /// Incremental checkpoints: per change epoch not yet handed out by a whole snapshot,
     /// the writes of that epoch (keys as in `data`; values tagged [`UPSERT`] or [`REMOVED`]).
-    changes: BTreeMap<u64, PartitionHandle>,
+    changes: ChangeLog,
     /// Declared keyed states, in ordinal order.
     states: Vec<String>,
 }
@@ -93,18 +94,10 @@ impl StateStore {
             .map_err(io)?;
         let opts = || PartitionCreateOptions::default().max_memtable_size(MEMTABLE);
         let data = keyspace.open_partition("keyed", opts()).map_err(io)?;
-        Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changes: BTreeMap::new(), states })
-    }
-
-    /// The partition recording the writes of change epoch `epoch` (opened at its first write).
-    fn changes_of(&mut self, epoch: u64) -> Result<PartitionHandle, StoreError> {
-        if let Some(p) = self.changes.get(&epoch) {
-            return Ok(p.clone());
-        }
-        let opts = PartitionCreateOptions::default().max_memtable_size(MEMTABLE);
-        let p = self.keyspace.open_partition(&format!("changes-{epoch}"), opts).map_err(self.io())?;
-        self.changes.insert(epoch, p.clone());
-        Ok(p)
+        let mut changes_dir = dir.as_os_str().to_owned();
+        changes_dir.push(".changes");
+        let changes = ChangeLog::new(Path::new(&changes_dir));
+        Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changes, states })
     }
 
     fn io<E: Into<fjall::Error>>(&self) -> impl Fn(E) -> StoreError + '_ {
@@ -144,8 +137,9 @@ impl StateStore {
     /// Writes pages (delta blobs: upserts and removals) in one atomic batch, with `epoch`
     /// recording each key as changed in that epoch; returns the entries and bytes written.
     pub fn apply(&mut self, pages: &[KeyGroupState], epoch: Option<u64>) -> Result<(usize, usize), StoreError> {
-        let log = epoch.map(|e| self.changes_of(e)).transpose()?;
         let mut batch = self.keyspace.batch();
+        // Recorded once the batch is in: a malformed page records nothing.
+        let mut changed = Vec::new();
         let (mut entries, mut bytes) = (0, 0);
         for p in pages {
             let bad = |what: String| StoreError::Page { key_group: p.key_group, what };
@@ -163,11 +157,11 @@ impl StateStore {
                     let k = store_key(p.key_group, ordinal, &key);
                     entries += 1;
                     bytes += key.len() + value.as_ref().map_or(0, Vec::len);
-                    if let Some(c) = &log {
+                    if epoch.is_some() {
                         let mut tagged = Vec::with_capacity(1 + value.as_ref().map_or(0, Vec::len));
                         tagged.push(if value.is_some() { UPSERT } else { REMOVED });
                         tagged.extend_from_slice(value.as_deref().unwrap_or_default());
-                        batch.insert(c, k.clone(), tagged);
+                        changed.push((k.clone(), tagged));
                     }
                     match value {
                         Some(v) => batch.insert(&self.data, k, v),
@@ -177,6 +171,11 @@ impl StateStore {
             }
         }
         batch.commit().map_err(self.io())?;
+        if let Some(e) = epoch {
+            for (k, tagged) in changed {
+                self.changes.record(e, k, tagged).map_err(|e| io_error(&self.dir, e.into()))?;
+            }
+        }
         Ok((entries, bytes))
     }
 
@@ -215,14 +214,7 @@ impl StateStore {
         if view.data.prefix(group.to_be_bytes()).next().transpose().map_err(self.io())?.is_none() {
             return Ok(Vec::new());
         }
-        // Oldest epoch first: a newer write of a key replaces an older one.
-        let mut changed: BTreeMap<fjall::Slice, fjall::Slice> = BTreeMap::new();
-        for part in self.changes.range(..=epoch).map(|(_, p)| p) {
-            for kv in part.prefix(group.to_be_bytes()) {
-                let (k, v) = kv.map_err(self.io())?;
-                changed.insert(k, v);
-            }
-        }
+        let changed = self.changes.changed(&group.to_be_bytes(), epoch).map_err(self.io())?;
         let mut states: Vec<DeltaState> = Vec::new();
         let mut current = usize::MAX;
         for (k, v) in changed {
@@ -240,16 +232,12 @@ impl StateStore {
     /// Forgets the changes of epochs up to `epoch`: a snapshot at that epoch handed every
     /// group out (full or delta), so no later delta needs them; later epochs' stay.
     pub fn forget_changes(&mut self, epoch: u64) -> Result<(), StoreError> {
-        let later = self.changes.split_off(&(epoch + 1));
-        for (_, part) in std::mem::replace(&mut self.changes, later) {
-            self.keyspace.delete_partition(part).map_err(self.io())?;
-        }
-        Ok(())
+        self.changes.forget(epoch).map_err(self.io())
     }
 
     /// Bytes the store takes on disk.
     pub fn disk_bytes(&self) -> u64 {
-        self.keyspace.disk_space()
+        self.keyspace.disk_space() + self.changes.disk_bytes()
     }
 }
 
@@ -413,7 +401,7 @@ mod tests {
         let got: Vec<(&[u8], Option<&[u8]>)> = d[0].1.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
         assert_eq!(got, vec![(&b"a"[..], Some(&b"3"[..])), (b"b", Some(b"2")), (b"c", None)]);
         s.forget_changes(3).unwrap();
-        assert!(s.changes.is_empty(), "every epoch's partition is dropped");
+        assert_eq!(s.changes.open_epochs(), 0, "every epoch's record is dropped");
         let d = s.group_delta(&s.read_view(), 0, 3).unwrap();
         assert!(crate::checkpoint::layout::decode_delta(&d).unwrap().is_empty(), "nothing changed since");
     }

@@ -22,6 +22,11 @@ use crate::ids::{CheckpointId, TaskId};
 use crate::runtime::control::{Control, Event, Timing, WriteJob, WriteMsg};
 use crate::runtime::error::TaskFailure;
 
+/// The longest chain of an operator on the disk backend (base included): its deltas reach the
+/// size of a full snapshot first unless little of its state changes per checkpoint, and a
+/// restore then reads at most this many files.
+pub const DISK_MAX_LINKS: usize = 64;
+
 /// Checkpointing links of one subtask.
 pub struct Participant {
     /// Global task index (the coordinator's numbering).
@@ -70,9 +75,15 @@ impl Participant {
         }
     }
 
-    /// Takes incremental snapshots (`[checkpoint] incremental = true`).
-    pub fn with_incremental(mut self, enabled: bool) -> Self {
+    /// Takes incremental snapshots (`[checkpoint] incremental = true`); `disk`: the operator's
+    /// keyed state is on the disk backend, whose full snapshot scans its whole store, so its
+    /// chains grow until their deltas outweigh the full snapshot (at most [`DISK_MAX_LINKS`]
+    /// files) instead of [`MAX_LINKS`](crate::checkpoint::incremental::MAX_LINKS).
+    pub fn with_incremental(mut self, enabled: bool, disk: bool) -> Self {
         self.incremental = IncrementalPolicy::new(enabled);
+        if disk {
+            self.incremental = self.incremental.with_max_links(DISK_MAX_LINKS);
+        }
         self
     }
 
@@ -287,5 +298,26 @@ mod tests {
         assert!(!p.is_new(CheckpointId(7)) && p.is_new(CheckpointId(8)));
         p.on_trigger(CheckpointId(7));
         assert!(p.announce_finished().is_empty());
+    }
+
+    /// A disk-backed operator's chain is not cut at eight files (its full snapshot scans its
+    /// whole store): only the size of its deltas or [`DISK_MAX_LINKS`] end it; a memory
+    /// operator's is cut at [`MAX_LINKS`](crate::checkpoint::incremental::MAX_LINKS).
+    #[test]
+    fn a_disk_operators_chain_grows_past_the_memory_limit_until_its_own() {
+        for (disk, limit) in [(false, crate::checkpoint::incremental::MAX_LINKS), (true, DISK_MAX_LINKS)] {
+            let (p, _w) = participant();
+            let mut p = p.with_incremental(true, disk);
+            let mut fulls = Vec::new();
+            for n in 1..=(2 * limit as u64) {
+                let full = p.snapshot_is_full(CheckpointId(n));
+                p.snapshot_taken(CheckpointId(n), full, if full { 1 << 30 } else { 1 });
+                p.submit(CheckpointId(n), SubtaskState::default(), Timing::default());
+                if full {
+                    fulls.push(n);
+                }
+            }
+            assert_eq!(fulls, vec![1, limit as u64 + 1], "disk: {disk}");
+        }
     }
 }
