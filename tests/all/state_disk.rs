@@ -129,6 +129,28 @@ fn state_disk_keyed_state_ten_times_memory_completes_with_correct_output() {
     assert!(lines == golden, "output differs from the expected sequence");
 }
 
+/// `max_snapshot_mb` bounds what a guest hands out, not the disk backend's store (the
+/// tenant's disk bounds that): ~4 MB of keyed state checkpoints under a 1 MiB limit on disk,
+/// with exact output, while the same job on the memory backend is refused by the limit.
+#[test]
+fn state_disk_keyed_state_beyond_max_snapshot_mb_checkpoints_on_disk_only() {
+    let (keys, count) = (2_000u64, 20_000u64);
+    let toml = big_state_job("disk-snap", keys, count, 1)
+        .replace("[checkpoint]", "[limits]\nmax_snapshot_mb = 1\n[checkpoint]");
+    let d = scratch();
+    let s = run_job(d.path(), &toml, RunOptions::default()).unwrap();
+    assert_eq!(s.attempts, 1, "no restart");
+    assert!(s.checkpoints >= 1, "the final checkpoint holds every key");
+    let mut golden: Vec<String> = (0..count).map(|i| format!("{} {}", i % keys, i / keys)).collect();
+    golden.sort();
+    assert!(committed_lines(&d.path().join("out")) == golden, "output differs from the expected sequence");
+    let memory = toml.replace("state_backend = \"disk\"\nstate_cache_mb = 1\n", "");
+    assert_ne!(memory, toml);
+    let d = scratch();
+    let e = run_job(d.path(), &memory, RunOptions::default()).unwrap_err();
+    assert!(e.contains("exceeded its snapshot size limit"), "{e}");
+}
+
 /// A disk-backed oracle job (padded values, many keys) writing checkpoints to `chk`.
 fn big_state_job(name: &str, keys: u64, count: u64, attempts: u32) -> String {
     format!(

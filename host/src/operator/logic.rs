@@ -39,6 +39,12 @@ pub trait OperatorLogic: Send {
         let _ = (state, key_group, key);
         Err(GuestError::Failed { call: "query-state", message: "this operator does not answer state queries".into() })
     }
+    /// Whether the keyed state a snapshot hands out comes from a store on the host (the
+    /// disk backend) rather than from the guest: it is then bounded by the tenant's disk, not
+    /// by `max_snapshot_mb` (what the guest hands out itself still is).
+    fn keyed_state_on_disk(&self) -> bool {
+        false
+    }
     /// `page-in` (the disk backend): these keys' state into the guest's cache.
     fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
         let _ = state;

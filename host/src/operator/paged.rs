@@ -385,6 +385,9 @@ impl OperatorLogic for Paged {
     fn page_out(&mut self, evict: Vec<u8>, all: bool) -> Result<Vec<KeyGroupState>, GuestError> {
         self.inner.page_out(evict, all)
     }
+    fn keyed_state_on_disk(&self) -> bool {
+        true
+    }
 }
 
 /// Where the disk backend's stores live: `$WEIR_STATE_DIR`, else the system's temporary

@@ -561,7 +561,9 @@ impl OperatorTask {
 
     /// One more chunk of the snapshot of `id` into `state`; returns whether more follow.
     /// A chunked snapshot is held to the same limits as a whole one: at most
-    /// `max_snapshot_mb` in total, and at most one call per owned key group.
+    /// `max_snapshot_mb` in total (keyed state read from the disk backend's store excepted:
+    /// the tenant's disk bounds it, and a checkpoint's writes are charged to it), and at most
+    /// one call per owned key group.
     fn pull_chunk(
         &mut self,
         id: CheckpointId,
@@ -575,7 +577,9 @@ impl OperatorTask {
         self.admit_groups(&snap.keyed)?;
         *calls += 1;
         self.metrics.snapshot_chunks_max.fetch_max(*calls as u64, Ordering::Relaxed);
-        *total += snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>();
+        if !self.instance.keyed_state_on_disk() {
+            *total += snap.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>();
+        }
         let bytes = *total;
         let host = self.instance.host();
         let groups = host.task.key_group_end.saturating_sub(host.task.key_group_start);
