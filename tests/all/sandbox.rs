@@ -376,6 +376,8 @@ mod server {
         assert!(s == 409 && v["error"].as_str().unwrap().contains("max_jobs"), "{v}");
         let (s, v) = call(&addr, "POST", &format!("/v1/jobs/{third_id}/cancel"), ACME, b"");
         assert_eq!(s, 200, "{v}");
+        // A cancel is asynchronous: the job holds its quota slot until it has ended.
+        wait_state(&addr, ACME, &third_id, "CANCELLED");
         let (_, list) = call(&addr, "GET", "/v1/jobs", ACME, b"");
         assert_eq!(list.as_array().unwrap().len(), 3, "acme sees its three jobs: {list}");
 
@@ -383,6 +385,7 @@ mod server {
         let (s, v) = call(&addr, "POST", &format!("/v1/jobs/{second_id}/stop"), ACME, br#"{"dir": "sp/second"}"#);
         assert_eq!(s, 200, "{v}");
         assert!(d.path().join("data/acme/files/sp/second/_metadata").exists(), "{v}");
+        wait_state(&addr, ACME, &second_id, "STOPPED");
         let (s, v) = call(&addr, "POST", "/v1/jobs?restore=../../evil/files/x", ACME, second.as_bytes());
         assert!(s == 400 && v["error"].as_str().unwrap().contains("outside your directory"), "{v}");
         let (s, v) = call(&addr, "POST", "/v1/jobs?restore=sp/missing", ACME, second.as_bytes());
