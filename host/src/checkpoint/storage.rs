@@ -109,12 +109,23 @@ pub fn write_atomic_with<T>(path: &Path, write: impl FnOnce(&mut File) -> std::i
 
 /// A file written under a temporary name (`.<name>.tmp`) and renamed into place on
 /// [`AtomicFile::commit`] (after fsync; the directory is fsynced too). Dropped without a
-/// commit, it never appears under its name.
+/// commit, it never appears under its name and its temporary file is removed (an aborted
+/// checkpoint's partial state file must not stay behind: a job whose checkpoints all abort
+/// would fill the disk with them, as no completed one ever triggers retention).
 pub struct AtomicFile {
     /// The open temporary file.
     pub file: File,
     tmp: PathBuf,
     path: PathBuf,
+    committed: bool,
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 impl AtomicFile {
@@ -123,23 +134,25 @@ impl AtomicFile {
         let dir = path.parent().unwrap_or(Path::new("."));
         let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
         let file = OpenOptions::new().create(true).write(true).truncate(true).read(true).open(&tmp)?;
-        Ok(AtomicFile { file, tmp, path: path.to_path_buf() })
+        Ok(AtomicFile { file, tmp, path: path.to_path_buf(), committed: false })
     }
 
     /// Makes the file durable under its name, which must not exist yet (a link, not a
     /// rename: an existing file stays and the error is `AlreadyExists`).
-    pub fn commit_new(self) -> std::io::Result<()> {
+    pub fn commit_new(mut self) -> std::io::Result<()> {
         self.file.sync_all()?;
         let linked = fs::hard_link(&self.tmp, &self.path);
         let _ = fs::remove_file(&self.tmp);
+        self.committed = true;
         linked?;
         File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
     }
 
     /// Makes the file durable under its name.
-    pub fn commit(self) -> std::io::Result<()> {
+    pub fn commit(mut self) -> std::io::Result<()> {
         self.file.sync_all()?;
         fs::rename(&self.tmp, &self.path)?;
+        self.committed = true;
         File::open(self.path.parent().unwrap_or(Path::new(".")))?.sync_all()
     }
 }
@@ -601,6 +614,33 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
 mod tests {
     use super::*;
     use crate::checkpoint::metadata::{FORMAT_VERSION, OperatorEntry, SubtaskEntry};
+
+    /// An abandoned file leaves nothing behind; a committed one is there under its name
+    /// only, whichever way it was committed.
+    #[test]
+    fn an_atomic_file_dropped_uncommitted_leaves_no_temporary_file() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let names = |d: &Path| {
+            let mut n: Vec<String> =
+                fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            n.sort();
+            n
+        };
+        let mut f = AtomicFile::create(&dir.path().join("a.state")).unwrap();
+        f.file.write_all(b"partial").unwrap();
+        assert_eq!(names(dir.path()), vec![".a.state.tmp"]);
+        drop(f);
+        assert!(names(dir.path()).is_empty(), "the abandoned file's temporary is gone");
+        let mut f = AtomicFile::create(&dir.path().join("b.state")).unwrap();
+        f.file.write_all(b"whole").unwrap();
+        f.commit().unwrap();
+        let mut f = AtomicFile::create(&dir.path().join("c.state")).unwrap();
+        f.file.write_all(b"whole").unwrap();
+        f.commit_new().unwrap();
+        assert_eq!(names(dir.path()), vec!["b.state", "c.state"]);
+        assert_eq!(fs::read(dir.path().join("b.state")).unwrap(), b"whole");
+    }
 
     fn manifest(id: u64, file: &str, bytes: u64, crc: u32) -> Manifest {
         Manifest {

@@ -88,8 +88,8 @@ pub fn run(
             }
             WriteMsg::Done(job) => job,
             WriteMsg::Abandon { task, id } => {
-                // The partial file stays in the aborted checkpoint's directory, which has no
-                // manifest and is never restored from.
+                // The partial file goes with it (`AtomicFile`'s drop): the aborted
+                // checkpoint's directory has no manifest and is never restored from.
                 open.remove(&(task, id.0));
                 lost.remove(&(task, id.0));
                 continue;
