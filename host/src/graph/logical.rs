@@ -175,6 +175,13 @@ pub struct Node {
     pub line: usize,
 }
 
+impl Node {
+    /// An operator whose keyed state lives on the disk backend (`state_backend = "disk"`).
+    pub fn state_on_disk(&self) -> bool {
+        matches!(&self.kind, NodeKind::Operator(o) if o.state_backend == StateBackend::Disk)
+    }
+}
+
 /// The kinds of nodes.
 #[derive(Debug, Clone)]
 pub enum NodeKind {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use wasmtime::Engine;
 
-use crate::graph::logical::{DEAD_LETTER, JobGraph, NodeKind, OnError, Side, StateBackend};
+use crate::graph::logical::{DEAD_LETTER, JobGraph, NodeKind, OnError, Side};
 use crate::graph::partition::Partition;
 use crate::job::JobError;
 use crate::operator::OperatorFactory;
@@ -85,7 +85,7 @@ pub fn bind(engine: &Engine, mut graph: JobGraph) -> Result<BoundJob, BindError>
             )
             .into());
         }
-        let disk = matches!(&node.kind, NodeKind::Operator(o) if o.state_backend == StateBackend::Disk);
+        let disk = node.state_on_disk();
         if disk && !info.pageable {
             return Err(err(
                 node.line,

@@ -53,14 +53,17 @@ impl ChangeLog {
         Ok(&self.epochs[&epoch])
     }
 
-    /// Records `value` as the newest write of `key` in `epoch` (the newest epoch).
-    pub fn record(&mut self, epoch: u64, key: Vec<u8>, value: Vec<u8>) -> Result<(), lsm_tree::Error> {
-        let seqno = self.seqno;
-        self.seqno += 1;
+    /// Records each `(key, value)` of `writes`, in order, as the newest write of its key in
+    /// `epoch` (the newest epoch).
+    pub fn record(&mut self, epoch: u64, writes: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), lsm_tree::Error> {
+        let first = self.seqno;
+        self.seqno += writes.len() as u64;
         let tree = self.epoch(epoch)?;
-        let (_, memtable) = tree.insert(key, value, seqno);
-        if memtable >= MEMTABLE {
-            flush(tree)?;
+        for (seqno, (key, value)) in (first..).zip(writes) {
+            let (_, memtable) = tree.insert(key, value, seqno);
+            if memtable >= MEMTABLE {
+                flush(tree)?;
+            }
         }
         Ok(())
     }
@@ -134,12 +137,12 @@ mod tests {
     fn the_newest_write_wins_within_and_across_epochs_and_only_up_to_the_asked_epoch() {
         let dir = tempfile::tempdir().unwrap();
         let mut log = ChangeLog::new(dir.path());
-        log.record(1, b"ga".to_vec(), b"1".to_vec()).unwrap();
-        log.record(1, b"ga".to_vec(), b"2".to_vec()).unwrap();
-        log.record(1, b"gb".to_vec(), b"1".to_vec()).unwrap();
-        log.record(2, b"gb".to_vec(), b"3".to_vec()).unwrap();
-        log.record(3, b"gc".to_vec(), b"4".to_vec()).unwrap();
-        log.record(2, b"hx".to_vec(), b"5".to_vec()).unwrap();
+        let w = |k: &[u8], v: &[u8]| vec![(k.to_vec(), v.to_vec())];
+        log.record(1, w(b"ga", b"1")).unwrap();
+        log.record(1, [w(b"ga", b"2"), w(b"gb", b"1")].concat()).unwrap();
+        log.record(2, w(b"gb", b"3")).unwrap();
+        log.record(3, w(b"gc", b"4")).unwrap();
+        log.record(2, w(b"hx", b"5")).unwrap();
         let got = kv(&log.changed(b"g", 2).unwrap());
         assert_eq!(got, vec![("ga".into(), "2".into()), ("gb".into(), "3".into())]);
         log.forget(1).unwrap();
@@ -158,7 +161,7 @@ mod tests {
             for i in 0..keys {
                 let mut v = value.clone();
                 v[0] = round;
-                log.record(5, format!("k{i:08}").into_bytes(), v).unwrap();
+                log.record(5, vec![(format!("k{i:08}").into_bytes(), v)]).unwrap();
             }
         }
         assert!(log.disk_bytes() > MEMTABLE as u64, "memtables were flushed: {} bytes", log.disk_bytes());

@@ -22,11 +22,10 @@
 use std::path::{Path, PathBuf};
 
 use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle, Snapshot};
-
-use crate::operator::changes::ChangeLog;
 use thiserror::Error;
 
 use crate::checkpoint::layout::{self, DeltaState, NamedState};
+use crate::operator::changes::ChangeLog;
 use crate::sandbox::bindings::types::KeyGroupState;
 
 /// Bytes of the key prefix: key group and state ordinal.
@@ -172,9 +171,7 @@ impl StateStore {
         }
         batch.commit().map_err(self.io())?;
         if let Some(e) = epoch {
-            for (k, tagged) in changed {
-                self.changes.record(e, k, tagged).map_err(|e| io_error(&self.dir, e.into()))?;
-            }
+            self.changes.record(e, changed).map_err(|e| io_error(&self.dir, e.into()))?;
         }
         Ok((entries, bytes))
     }

@@ -19,7 +19,7 @@ use crate::checkpoint::recovery::{self, RestorePlan};
 use crate::checkpoint::storage::{CheckpointStore, LoadedCheckpoint};
 use crate::connectors::file_sink::clear_parts;
 use crate::declared::Redistribution;
-use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind, StateBackend};
+use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::graph::physical::PhysicalPlan;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
@@ -212,7 +212,7 @@ pub(crate) fn build_part(
             let (tx, rx) = unbounded::<Control>();
             controls.push(Some(tx));
             let file = format!("{}-{}.a{}.state", n.id, s.subtask, a.writer);
-            let disk = matches!(&n.kind, NodeKind::Operator(o) if o.state_backend == StateBackend::Disk);
+            let disk = n.state_on_disk();
             Participant::new(si, file, rx, events_tx.clone(), writer_tx.clone()).with_incremental(incremental, disk)
         });
         let parts = Parts {

@@ -6,7 +6,7 @@
 
 use crate::checkpoint::compat::{self, Verdict, state_entry};
 use crate::checkpoint::metadata::ComponentEntry;
-use crate::graph::logical::{JobGraph, NodeKind, StateBackend};
+use crate::graph::logical::{JobGraph, NodeKind};
 use crate::graph::partition::Partition;
 use crate::operator::OperatorFactory;
 
@@ -76,7 +76,7 @@ pub fn validate(
             ni_.name, ni_.version
         ));
     }
-    if matches!(&graph.nodes[ni].kind, NodeKind::Operator(o) if o.state_backend == StateBackend::Disk) {
+    if graph.nodes[ni].state_on_disk() {
         return Err(format!(
             "operator `{uid}` keeps its keyed state on the disk backend (state_backend = \"disk\"); live upgrades \
              of disk-backed operators are not supported yet: stop the job with a savepoint and restore it with the \
