@@ -22,12 +22,15 @@ weir="${WEIR_BIN:-$root/target/release/weir}"
 command -v etcd >/dev/null || { export DEBIAN_FRONTEND=noninteractive;
     apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 ||
     { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends etcd-server >/dev/null; }; }
+# Installed under a lock: the test suite's S3 helper (tests/all/s3.rs) installs the same one.
 venv="$root/target/tmp/moto-5.2.5"
-if [ ! -f "$venv/installed" ]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check 'moto[s3]==5.2.5' flask flask-cors
-    touch "$venv/installed"
-fi
+mkdir -p "$root/target/tmp"
+flock "$venv.lock" bash -c '
+    v=$1
+    [ -f "$v/installed" ] && exit 0
+    python3 -m venv "$v" &&
+    "$v/bin/pip" install --quiet --disable-pip-version-check "moto[s3]==5.2.5" flask flask-cors &&
+    touch "$v/installed"' _ "$venv"
 
 tmp=$(mktemp -d /tmp/weir-cluster-example.XXXXXX)
 pids=()

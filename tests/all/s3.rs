@@ -16,9 +16,13 @@ fn python() -> PathBuf {
         let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("moto-{MOTO}"));
         let py = venv.join("bin/python");
         if !py.exists() || !venv.join("installed").exists() {
+            // Under a lock: examples/cluster/run.sh (run by a test, in its own process)
+            // installs the same one.
             let script = format!(
-                "python3 -m venv {v} && {v}/bin/pip install --quiet --disable-pip-version-check \
-                 'moto[s3]=={MOTO}' flask flask-cors && touch {v}/installed",
+                "mkdir -p {d} && flock {v}.lock bash -c '[ -f {v}/installed ] || {{ python3 -m venv {v} && \
+                 {v}/bin/pip install --quiet --disable-pip-version-check \"moto[s3]=={MOTO}\" flask flask-cors \
+                 && touch {v}/installed; }}'",
+                d = venv.parent().unwrap().display(),
                 v = venv.display()
             );
             let out = Command::new("bash").args(["-c", &script]).output().expect("running bash");
