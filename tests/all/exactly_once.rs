@@ -40,6 +40,8 @@ pub(crate) struct Topology {
     pub(crate) alignment_timeout_ms: Option<u64>,
     /// The oracle on `state_backend = "disk"` with a cache of this many MiB.
     pub(crate) disk_cache_mb: Option<u64>,
+    /// `[checkpoint] max_chain_links` (with `incremental`).
+    pub(crate) max_chain_links: Option<u32>,
 }
 
 fn one() -> Topology {
@@ -53,6 +55,7 @@ fn one() -> Topology {
         unaligned: None,
         alignment_timeout_ms: None,
         disk_cache_mb: None,
+        max_chain_links: None,
     }
 }
 
@@ -67,6 +70,7 @@ pub(crate) fn parallel() -> Topology {
         unaligned: None,
         alignment_timeout_ms: None,
         disk_cache_mb: None,
+        max_chain_links: None,
     }
 }
 
@@ -81,6 +85,7 @@ pub(crate) fn two_input() -> Topology {
         unaligned: None,
         alignment_timeout_ms: None,
         disk_cache_mb: None,
+        max_chain_links: None,
     }
 }
 
@@ -93,6 +98,9 @@ fn job_toml(t: &Topology) -> String {
     );
     if t.incremental {
         s = s.replace("retained = 2\n", "retained = 2\nincremental = true\n");
+    }
+    if let Some(n) = t.max_chain_links {
+        s = s.replace("retained = 2\n", &format!("retained = 2\nmax_chain_links = {n}\n"));
     }
     if let Some(ms) = t.alignment_timeout_ms {
         s = s.replace("retained = 2\n", &format!("retained = 2\nalignment_timeout_ms = {ms}\n"));
@@ -415,7 +423,48 @@ fn check_exact_incremental(count: u64, keys: u64, rate: u64, faults: Option<Arc<
     let s = executor::run(&bound, &RunOptions { quiet_guests: true, faults, ..Default::default() }).unwrap();
     let store = CheckpointStore::new(&dir.path().join("chk"), "inc");
     let (mut full, mut deltas, mut steady, mut chained) = (0u64, 0, Vec::new(), None);
-    for l in store.list() {
+    for c in fold_every_checkpoint_exactly(&store, keys) {
+        if c.chain.is_empty() {
+            full = full.max(c.bytes);
+        } else {
+            deltas += 1;
+            chained = Some(c.path.clone());
+            if c.next >= keys && !c.finished {
+                steady.push(c.bytes);
+            }
+        }
+    }
+    assert!(deltas >= 5, "the run must take incremental checkpoints: {deltas}");
+    // `weir checkpoints inspect` shows (and verifies) what an incremental checkpoint builds on.
+    let out = crate::support::weir().args(["checkpoints", "inspect"]).arg(chained.unwrap()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("incremental, builds on chk-"), "{text}");
+    steady.sort();
+    let median = steady[steady.len() / 2];
+    // 50 ms at `rate` changes a sixth of the keys at most.
+    assert!(median * 3 < full, "an incremental checkpoint writes {median} bytes, a full one {full}");
+    s
+}
+
+/// What one checkpoint of the single oracle subtask holds (see [`fold_every_checkpoint_exactly`]).
+pub(crate) struct Folded {
+    pub(crate) id: u64,
+    pub(crate) path: std::path::PathBuf,
+    /// The files its keyed state builds on (empty: a full snapshot).
+    pub(crate) chain: Vec<weir::checkpoint::incremental::ChainLink>,
+    /// Bytes of its own state file.
+    pub(crate) bytes: u64,
+    /// The generator's position.
+    pub(crate) next: u64,
+    /// Taken after the input ended.
+    pub(crate) finished: bool,
+}
+
+/// Loads every checkpoint of a generator → oracle (`keys` keys, parallelism 1) job, folding
+/// its chain, and asserts that its state is exactly the one its source position implies.
+pub(crate) fn fold_every_checkpoint_exactly(store: &CheckpointStore, keys: u64) -> Vec<Folded> {
+    let mut all = Vec::new();
+    for l in store.list().into_iter().filter(|l| l.status.is_ok()) {
         let c = weir::checkpoint::storage::load(&l.path).unwrap_or_else(|e| panic!("checkpoint {}: {e}", l.id));
         let Some(weir::checkpoint::snapshot::SourcePosition::Generator { next }) =
             c.states[&("gen".to_string(), 0)].source
@@ -434,26 +483,16 @@ fn check_exact_incremental(count: u64, keys: u64, rate: u64, faults: Option<Arc<
             .collect();
         assert!(state == expected, "checkpoint {}: folded state differs from the state at position {next}", l.id);
         let entry = &c.manifest.operator("oracle").unwrap().subtasks[0];
-        if entry.chain.is_empty() {
-            full = full.max(entry.bytes);
-        } else {
-            deltas += 1;
-            chained = Some(l.path.clone());
-            if next >= keys && !c.manifest.finished {
-                steady.push(entry.bytes);
-            }
-        }
+        all.push(Folded {
+            id: l.id,
+            path: l.path.clone(),
+            chain: entry.chain.clone(),
+            bytes: entry.bytes,
+            next,
+            finished: c.manifest.finished,
+        });
     }
-    assert!(deltas >= 5, "the run must take incremental checkpoints: {deltas}");
-    // `weir checkpoints inspect` shows (and verifies) what an incremental checkpoint builds on.
-    let out = crate::support::weir().args(["checkpoints", "inspect"]).arg(chained.unwrap()).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("incremental, builds on chk-"), "{text}");
-    steady.sort();
-    let median = steady[steady.len() / 2];
-    // 50 ms at `rate` changes a sixth of the keys at most.
-    assert!(median * 3 < full, "an incremental checkpoint writes {median} bytes, a full one {full}");
-    s
+    all
 }
 
 #[test]
@@ -512,6 +551,7 @@ fn exactly_once_a_checkpoint_aborted_mid_drain_abandons_it_and_later_restores_ar
         unaligned: None,
         alignment_timeout_ms: None,
         disk_cache_mb: None,
+        max_chain_links: None,
     };
     let base_dir = scratch();
     let base = run(&t, base_dir.path(), None);

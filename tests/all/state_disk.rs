@@ -24,6 +24,8 @@ fn removals(incremental: bool) -> Topology {
         incremental,
         oracle_config: ", remove_every = \"7\", pad = \"2048\"",
         disk_cache_mb: Some(1),
+        // Chains are folded in the background (restores fold chains that build on folded files).
+        max_chain_links: incremental.then_some(3),
         ..parallel()
     }
 }
@@ -36,6 +38,54 @@ fn state_disk_exactly_once_with_removed_keys_and_chunked_snapshots_under_seeded_
 #[test]
 fn state_disk_exactly_once_with_removed_keys_in_incremental_chains_under_seeded_failures() {
     check_topology(removals(true), 1);
+}
+
+/// A disk operator's long chain is folded into one file in the background instead of being
+/// restarted by a full snapshot (which scans the whole store: with state far beyond memory it
+/// outlasts the checkpoint timeout). Only the first checkpoint is full; a later one builds on a
+/// folded file; every checkpoint folds to exactly the state its source position implies.
+#[test]
+fn state_disk_long_chains_are_folded_in_the_background_and_every_checkpoint_is_exact() {
+    let d = scratch();
+    let (keys, count) = (40_000u64, 200_000u64);
+    let toml = format!(
+        "[job]\nname = \"fold\"\nmax_parallelism = 16\nbatch_size = 64\n\
+         [checkpoint]\ninterval_ms = 30\ndir = \"chk\"\nretained = 1000\nincremental = true\nmax_chain_links = 3\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\nrate = 100000\n\
+         [[operator]]\nid = \"oracle\"\ncomponent = {}\nconfig = {{ keys = \"{keys}\" }}\n\
+         state_backend = \"disk\"\nstate_cache_mb = 1\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"oracle\" }}]\n",
+        toml_path(&component("test_oracle"))
+    );
+    // The input's end is held back until a checkpoint taken after the oracle saw every
+    // record builds on a file folded from such checkpoints: the job keeps checkpointing (its
+    // chain keeps growing) however slow the machine.
+    let mut r = start(d.path(), &toml, None, false);
+    wait_records(&r, "oracle", count);
+    let store = storage::CheckpointStore::new(&d.path().join("chk"), "fold");
+    let seen = store.max_id();
+    let folded_after = |l: &storage::Listed| {
+        l.status.as_ref().is_ok_and(|m| {
+            m.operator("oracle").is_some_and(|o| {
+                o.subtasks[0].chain.first().is_some_and(|c| c.file.ends_with(".base") && c.checkpoint > seen)
+            })
+        })
+    };
+    let t0 = std::time::Instant::now();
+    while !store.list().iter().any(folded_after) {
+        assert!(!r.handle.status().state.is_terminal(), "the job ended: {:?}", r.handle.status().state);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(300), "no checkpoint builds on a folded file");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let s = r.join().unwrap();
+    assert_eq!(s.attempts, 1);
+    assert!(oracle(&s).keys_paged_in > 0, "the state must outgrow the cache");
+    let all = crate::exactly_once::fold_every_checkpoint_exactly(&store, keys);
+    let fulls: Vec<u64> = all.iter().filter(|c| c.chain.is_empty()).map(|c| c.id).collect();
+    assert_eq!(fulls, vec![all[0].id], "only the first checkpoint is a full snapshot");
+    let on_folded = all.iter().filter(|c| c.chain[..].first().is_some_and(|l| l.file.ends_with(".base"))).count();
+    assert!(on_folded >= 1, "a checkpoint builds on a folded file");
+    assert!(all.iter().any(|c| c.next == count && !c.chain.is_empty()), "a delta after the whole input");
 }
 
 const KEYS: u64 = 3_000;

@@ -12,9 +12,11 @@
 //!   full;
 //! - forced checkpoints (savepoints, live upgrades) are full, so a savepoint never depends
 //!   on another directory;
-//! - a chain is compacted (the next snapshot is full) once it has `max_links` files or its
-//!   deltas add up to more than the full snapshot they patch, so restore reads at most about
-//!   twice the state;
+//! - a chain is compacted once it has `max_links` files or its deltas add up to more than
+//!   the full snapshot they patch, so restore reads at most about twice the state: by a full
+//!   next snapshot, or (disk operators, whose full snapshot scans their whole store) by
+//!   folding its files into one in the background (`checkpoint/compaction.rs`), which later
+//!   snapshots build on once it is written — the chain it replaces must still be theirs;
 //! - folding `[full, d1, …, dn]` gives the state the operator had at `dn`: only keyed data
 //!   comes from the chain; timers, non-keyed state, positions and logs come from the newest
 //!   file alone (they are written whole every time).
@@ -44,12 +46,16 @@ pub const MAX_LINKS: usize = 8;
 pub struct IncrementalPolicy {
     enabled: bool,
     max_links: usize,
-    /// Files the next incremental snapshot builds on, oldest (full) first.
-    chain: Vec<ChainLink>,
-    full_bytes: u64,
-    delta_bytes: u64,
+    /// Files the next incremental snapshot builds on, oldest (full) first, with the keyed
+    /// bytes of each.
+    chain: Vec<(ChainLink, u64)>,
     /// Snapshots taken and not yet handed to the writer: the chain each one references.
     pending: BTreeMap<CheckpointId, Vec<ChainLink>>,
+    /// A long chain is folded into one file in the background (`checkpoint/compaction.rs`)
+    /// instead of being restarted by a full snapshot.
+    background: bool,
+    /// The chain prefix being folded in the background.
+    compacting: Option<Vec<ChainLink>>,
 }
 
 impl IncrementalPolicy {
@@ -59,9 +65,9 @@ impl IncrementalPolicy {
             enabled,
             max_links: MAX_LINKS,
             chain: Vec::new(),
-            full_bytes: 0,
-            delta_bytes: 0,
             pending: BTreeMap::new(),
+            background: false,
+            compacting: None,
         }
     }
 
@@ -71,29 +77,67 @@ impl IncrementalPolicy {
         self
     }
 
+    /// Long chains are folded in the background ([`IncrementalPolicy::compaction`]), so only
+    /// the first snapshot, forced ones and those after a reset are full.
+    pub fn in_background(mut self) -> Self {
+        self.background = true;
+        self
+    }
+
+    /// The chain has as many files as it may, or its deltas outweigh the full state they patch.
+    fn too_long(&self) -> bool {
+        let full = self.chain.first().map_or(0, |(_, b)| *b);
+        let deltas: u64 = self.chain.iter().skip(1).map(|(_, b)| *b).sum();
+        self.chain.len() >= self.max_links || deltas > full
+    }
+
     /// Whether the snapshot for checkpoint `forced_full = false` may be incremental.
     pub fn wants_full(&self, forced_full: bool) -> bool {
-        !self.enabled
-            || forced_full
-            || self.chain.is_empty()
-            || self.chain.len() >= self.max_links
-            || self.delta_bytes > self.full_bytes
+        !self.enabled || forced_full || self.chain.is_empty() || (!self.background && self.too_long())
+    }
+
+    /// With background compaction: the chain to fold into one file now, if it is too long
+    /// and none is being folded. Report the outcome with [`IncrementalPolicy::compacted`] or
+    /// [`IncrementalPolicy::compaction_failed`].
+    pub fn compaction(&mut self) -> Option<Vec<ChainLink>> {
+        if !self.enabled || !self.background || self.compacting.is_some() || self.chain.len() < 2 || !self.too_long() {
+            return None;
+        }
+        let links: Vec<ChainLink> = self.chain.iter().map(|(l, _)| l.clone()).collect();
+        self.compacting = Some(links.clone());
+        Some(links)
+    }
+
+    /// `prefix` was folded into `into` (`keyed_bytes` of keyed data): later snapshots build on
+    /// it instead of on `prefix`, if the chain still starts with `prefix` (a reset since
+    /// leaves the folded file unused). Returns whether the chain now builds on `into`.
+    pub fn compacted(&mut self, prefix: &[ChainLink], into: ChainLink, keyed_bytes: u64) -> bool {
+        if self.compacting.as_deref() != Some(prefix) {
+            return false;
+        }
+        self.compacting = None;
+        let still = self.chain.len() >= prefix.len() && self.chain.iter().zip(prefix).all(|((l, _), p)| l == p);
+        if still {
+            self.chain.splice(..prefix.len(), [(into, keyed_bytes)]);
+        }
+        still
+    }
+
+    /// The background fold failed: from now on this chain is restarted by full snapshots.
+    pub fn compaction_failed(&mut self) {
+        self.compacting = None;
+        self.background = false;
     }
 
     /// A snapshot for `id` was taken (`full` or not) with `keyed_bytes` of keyed data, to be
     /// written as `file`. Returns the chain it references (empty for a full one).
     pub fn taken(&mut self, id: CheckpointId, file: &str, full: bool, keyed_bytes: u64) -> Vec<ChainLink> {
-        let refs = if full {
+        if full {
             self.chain.clear();
-            self.full_bytes = keyed_bytes;
-            self.delta_bytes = 0;
-            Vec::new()
-        } else {
-            self.delta_bytes += keyed_bytes;
-            self.chain.clone()
-        };
+        }
+        let refs: Vec<ChainLink> = self.chain.iter().map(|(l, _)| l.clone()).collect();
         if self.enabled {
-            self.chain.push(ChainLink { checkpoint: id.0, file: file.to_string() });
+            self.chain.push((ChainLink { checkpoint: id.0, file: file.to_string() }, keyed_bytes));
         }
         self.pending.insert(id, refs.clone());
         refs
@@ -116,7 +160,6 @@ impl IncrementalPolicy {
     /// the next snapshot is full.
     pub fn reset(&mut self) {
         self.chain.clear();
-        self.delta_bytes = 0;
     }
 
     /// Files in the current chain.
@@ -155,7 +198,7 @@ pub fn fold_keyed(files: Vec<Vec<KeyGroupSnapshot>>) -> Result<Vec<KeyGroupSnaps
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::checkpoint::layout::{NamedState, encode, encode_delta};
 
@@ -205,6 +248,50 @@ mod tests {
         assert!(p.wants_full(false), "deltas outweigh the base");
     }
 
+    fn link(c: u64) -> ChainLink {
+        ChainLink { checkpoint: c, file: "f".into() }
+    }
+
+    #[test]
+    fn in_the_background_a_long_chain_is_folded_not_restarted() {
+        let mut p = IncrementalPolicy::new(true).with_max_links(3).in_background();
+        p.taken(id(1), "f", true, 100);
+        assert_eq!(p.compaction(), None, "one file is nothing to fold");
+        p.taken(id(2), "f", false, 10);
+        assert_eq!(p.compaction(), None);
+        p.taken(id(3), "f", false, 10);
+        assert!(!p.wants_full(false), "3 links: folded in the background, the snapshot stays a delta");
+        let prefix = p.compaction().expect("3 links: fold");
+        assert_eq!(prefix, vec![link(1), link(2), link(3)]);
+        assert_eq!(p.compaction(), None, "one fold at a time");
+        // Snapshots go on building on the whole chain while it is folded.
+        assert_eq!(p.taken(id(4), "f", false, 10).len(), 3);
+        let base = ChainLink { checkpoint: 3, file: "f.base".into() };
+        assert!(p.compacted(&prefix, base.clone(), 100));
+        assert_eq!(p.taken(id(5), "f", false, 10), vec![base.clone(), link(4)]);
+        // A fold that finishes after a reset is not used; the chain starts over with a full.
+        let prefix = p.compaction().expect("3 links again");
+        p.reset();
+        assert!(p.wants_full(false));
+        p.taken(id(6), "f", true, 100);
+        assert!(!p.compacted(&prefix, ChainLink { checkpoint: 5, file: "f.base".into() }, 1));
+        assert_eq!(p.taken(id(7), "f", false, 1), vec![link(6)]);
+        // A failed fold falls back to full snapshots.
+        p.taken(id(8), "f", false, 1);
+        assert!(p.compaction().is_some());
+        p.compaction_failed();
+        assert!(p.wants_full(false));
+        assert_eq!(p.compaction(), None);
+        // Deltas outweighing the base are folded too.
+        let mut p = IncrementalPolicy::new(true).in_background();
+        p.taken(id(1), "f", true, 100);
+        p.taken(id(2), "f", false, 60);
+        assert_eq!(p.compaction(), None);
+        p.taken(id(3), "f", false, 60);
+        assert!(!p.wants_full(false));
+        assert_eq!(p.compaction(), Some(vec![link(1), link(2), link(3)]));
+    }
+
     #[test]
     fn disabled_means_always_full_and_no_chain() {
         let mut p = IncrementalPolicy::new(false);
@@ -213,11 +300,13 @@ mod tests {
         assert_eq!(p.links(), 0);
     }
 
-    fn kg(key_group: u32, data: Vec<u8>) -> KeyGroupSnapshot {
+    /// A key group's snapshot without timers.
+    pub(crate) fn kg(key_group: u32, data: Vec<u8>) -> KeyGroupSnapshot {
         KeyGroupSnapshot { key_group, data, event_timers: vec![], processing_timers: vec![] }
     }
 
-    fn state(entries: &[(&[u8], &[u8])]) -> Vec<u8> {
+    /// A full blob of the one state `s`.
+    pub(crate) fn state(entries: &[(&[u8], &[u8])]) -> Vec<u8> {
         encode(&[NamedState {
             name: "s".into(),
             entries: entries.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect(),

@@ -5,6 +5,7 @@
 pub mod alignment;
 pub mod alignment_timeout;
 pub mod backedge;
+pub mod compaction;
 pub mod compat;
 pub mod coordinator;
 pub mod evidence;

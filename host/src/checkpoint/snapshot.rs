@@ -129,7 +129,7 @@ pub struct SubtaskState {
 }
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
-const MAGIC2: &[u8; 8] = b"WEIRST02";
+pub(crate) const MAGIC2: &[u8; 8] = b"WEIRST02";
 
 /// Byte strings as one piece (`serialize_bytes`): the same bincode encoding as a `Vec<u8>`
 /// (u64 length, then the bytes), without a serializer call per byte.
@@ -199,8 +199,8 @@ pub enum StateFileError {
 }
 
 /// Frame tags of a version 2 state file.
-const FRAME_GROUP: u8 = 1;
-const FRAME_REST: u8 = 2;
+pub(crate) const FRAME_GROUP: u8 = 1;
+pub(crate) const FRAME_REST: u8 = 2;
 
 struct Crc<W> {
     inner: W,
@@ -382,7 +382,7 @@ impl SubtaskState {
 
 /// bincode as `bincode::deserialize` reads it (fixed-width integers, trailing bytes allowed),
 /// refusing any length prefix that claims more than `left` bytes before allocating for it.
-fn bounded(left: u64) -> impl bincode::Options {
+pub(crate) fn bounded(left: u64) -> impl bincode::Options {
     bincode::DefaultOptions::new().with_fixint_encoding().allow_trailing_bytes().with_limit(left)
 }
 

@@ -60,6 +60,8 @@ pub struct CheckpointConfig {
     pub settings: CheckpointSettings,
     /// Incremental snapshots of keyed state (`checkpoint/incremental.rs`).
     pub incremental: bool,
+    /// `max_chain_links`: the longest chain before it is compacted (`None`: the default).
+    pub max_chain_links: Option<usize>,
     /// How barriers pass buffered records (`checkpoint/unaligned.rs`).
     pub alignment: Alignment,
 }

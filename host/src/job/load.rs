@@ -496,6 +496,8 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
             });
         }
     }
+    // A restore opens every file of a chain.
+    const MAX_CHAIN_LINKS: u32 = 1000;
     let checkpoint = match &spec.checkpoint {
         Some(c) if *c.interval_ms.get_ref() > 0 => {
             let d = CheckpointSettings::default();
@@ -519,6 +521,13 @@ fn build(cx: &Ctx, spec: JobSpec) -> Result<JobGraph, JobError> {
                     retained: positive(&c.retained, "retained", d.retained)?,
                 },
                 incremental: c.incremental,
+                max_chain_links: match &c.max_chain_links {
+                    Some(n) if *n.get_ref() > MAX_CHAIN_LINKS => {
+                        return cx.err(n.span(), format!("[checkpoint] max_chain_links is at most {MAX_CHAIN_LINKS}"));
+                    }
+                    Some(_) => Some(positive(&c.max_chain_links, "max_chain_links", 0)?),
+                    None => None,
+                },
                 alignment,
             })
         }

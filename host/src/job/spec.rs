@@ -326,6 +326,11 @@ pub struct CheckpointSpec {
     /// earlier files); savepoints stay full.
     #[serde(default)]
     pub incremental: bool,
+    /// With `incremental`: the most files a checkpoint's keyed state may build on (its chain,
+    /// the full snapshot first) before the chain is compacted (default 8; 64 for operators on
+    /// the disk backend, whose chains are folded in the background).
+    #[serde(default)]
+    pub max_chain_links: Option<Spanned<u32>>,
     /// `aligned` (the default) or `unaligned`: barriers overtake queued records, which are
     /// written with the checkpoint (checkpoints stay short under backpressure).
     #[serde(default)]

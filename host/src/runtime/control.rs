@@ -205,6 +205,19 @@ pub enum WriteMsg {
         /// Checkpoint.
         id: CheckpointId,
     },
+    /// Fold the chain `links` of a task's state files into the new file `into`, in the
+    /// background (`checkpoint/compaction.rs`); the keyed bytes written, or why not, go to
+    /// `reply`.
+    Compact {
+        /// Global task index.
+        task: usize,
+        /// The chain, oldest (full) first.
+        links: Vec<crate::checkpoint::incremental::ChainLink>,
+        /// The file to write.
+        into: crate::checkpoint::incremental::ChainLink,
+        /// The outcome.
+        reply: crossbeam_channel::Sender<Result<u64, String>>,
+    },
 }
 
 /// A snapshot handed from a subtask to the asynchronous writer.

@@ -193,6 +193,7 @@ pub(crate) fn build_part(
     let mut controls = Vec::new();
     let mut tasks: Vec<(TaskId, Task)> = Vec::new();
     let incremental = g.checkpoint.as_ref().is_some_and(|c| c.incremental);
+    let max_links = g.checkpoint.as_ref().and_then(|c| c.max_chain_links);
     for (si, s) in plan.subtasks.iter().enumerate() {
         let n = &g.nodes[s.node];
         if !mine[si] {
@@ -213,7 +214,11 @@ pub(crate) fn build_part(
             controls.push(Some(tx));
             let file = format!("{}-{}.a{}.state", n.id, s.subtask, a.writer);
             let disk = n.state_on_disk();
-            Participant::new(si, file, rx, events_tx.clone(), writer_tx.clone()).with_incremental(incremental, disk)
+            Participant::new(si, file, rx, events_tx.clone(), writer_tx.clone()).with_incremental(
+                incremental,
+                disk,
+                max_links,
+            )
         });
         let parts = Parts {
             id: id.clone(),

@@ -49,6 +49,17 @@ pub struct Participant {
     forced_full: BTreeSet<CheckpointId>,
     /// Set by the writer when a file of this task was not written.
     base_lost: Arc<AtomicBool>,
+    /// The operator's keyed state is on the disk backend.
+    disk: bool,
+    /// The chain being folded in the background.
+    compacting: Option<Compacting>,
+}
+
+/// A fold of the chain in flight (`checkpoint/compaction.rs`).
+struct Compacting {
+    prefix: Vec<ChainLink>,
+    into: ChainLink,
+    reply: Receiver<Result<u64, String>>,
 }
 
 impl Participant {
@@ -72,18 +83,24 @@ impl Participant {
             incremental: IncrementalPolicy::new(false),
             forced_full: BTreeSet::new(),
             base_lost: Arc::new(AtomicBool::new(false)),
+            disk: false,
+            compacting: None,
         }
     }
 
-    /// Takes incremental snapshots (`[checkpoint] incremental = true`); `disk`: the operator's
-    /// keyed state is on the disk backend, whose full snapshot scans its whole store, so its
-    /// chains grow until their deltas outweigh the full snapshot (at most [`DISK_MAX_LINKS`]
-    /// files) instead of [`MAX_LINKS`](crate::checkpoint::incremental::MAX_LINKS).
-    pub fn with_incremental(mut self, enabled: bool, disk: bool) -> Self {
-        self.incremental = IncrementalPolicy::new(enabled);
+    /// Takes incremental snapshots (`[checkpoint] incremental = true`) with chains of at most
+    /// `max_links` files (`[checkpoint] max_chain_links`). `disk`: the operator's keyed state is
+    /// on the disk backend, whose full snapshot scans its whole store, so its chains are folded
+    /// in the background instead of restarted by a full snapshot, and are at most
+    /// [`DISK_MAX_LINKS`] long by default instead of
+    /// [`MAX_LINKS`](crate::checkpoint::incremental::MAX_LINKS).
+    pub fn with_incremental(mut self, enabled: bool, disk: bool, max_links: Option<usize>) -> Self {
+        let default = if disk { DISK_MAX_LINKS } else { crate::checkpoint::incremental::MAX_LINKS };
+        self.incremental = IncrementalPolicy::new(enabled).with_max_links(max_links.unwrap_or(default));
         if disk {
-            self.incremental = self.incremental.with_max_links(DISK_MAX_LINKS);
+            self.incremental = self.incremental.in_background();
         }
+        self.disk = disk;
         self
     }
 
@@ -94,6 +111,7 @@ impl Participant {
 
     /// Whether the snapshot for `id` must be full (else it may be incremental).
     pub fn snapshot_is_full(&mut self, id: CheckpointId) -> bool {
+        self.poll_compaction();
         if self.base_lost.swap(false, Ordering::Relaxed) {
             self.incremental.reset();
         }
@@ -121,10 +139,48 @@ impl Participant {
         self.incremental.reset();
     }
 
-    /// Hands the state of checkpoint `id` to the writer (the asynchronous part).
+    /// Hands the state of checkpoint `id` to the writer (the asynchronous part); asks it to
+    /// fold the chain in the background when it is long (after this file: the writer handles
+    /// its messages in order, so the chain's files are written or known lost by then).
     pub fn submit(&mut self, id: CheckpointId, state: SubtaskState, timing: Timing) {
         let chain = self.incremental.submitted(id);
         self.submit_shared(id, Arc::new(state), timing, chain);
+        if self.compacting.is_none()
+            && let Some(prefix) = self.incremental.compaction()
+        {
+            let last = prefix.last().expect("a chain to fold has files");
+            let into = ChainLink { checkpoint: last.checkpoint, file: format!("{}.base", last.file) };
+            let (reply, rx) = crossbeam_channel::bounded(1);
+            let msg = WriteMsg::Compact { task: self.task, links: prefix.clone(), into: into.clone(), reply };
+            let _ = self.writer.send(msg);
+            self.compacting = Some(Compacting { prefix, into, reply: rx });
+        }
+    }
+
+    /// Takes the outcome of a fold in flight, if it arrived: later snapshots build on the
+    /// folded file, or (it failed) the chain is restarted by full snapshots from now on.
+    fn poll_compaction(&mut self) {
+        let Some(c) = &self.compacting else { return };
+        let outcome = match c.reply.try_recv() {
+            Ok(outcome) => outcome,
+            Err(crossbeam_channel::TryRecvError::Empty) => return,
+            Err(crossbeam_channel::TryRecvError::Disconnected) => Err("the writer stopped".into()),
+        };
+        let c = self.compacting.take().expect("checked above");
+        match outcome {
+            Ok(bytes) => {
+                self.incremental.compacted(&c.prefix, c.into, bytes);
+            }
+            Err(why) => {
+                tracing::warn!(
+                    "{}: folding its chain of {} state files failed ({why}); its chain is restarted by full \
+                     snapshots from now on",
+                    self.file,
+                    c.prefix.len()
+                );
+                self.incremental.compaction_failed();
+            }
+        }
     }
 
     fn submit_shared(&mut self, id: CheckpointId, state: Arc<SubtaskState>, timing: Timing, chain: Vec<ChainLink>) {
@@ -154,13 +210,17 @@ impl Participant {
         self.triggered.retain(|t| *t > id);
     }
 
-    /// Checkpoint `id` was aborted while its snapshot was being handed out in parts: the
-    /// writer drops what it has of it, and the next snapshot is full (the guest abandons the
-    /// unfinished one when asked for the next, and what it handed out of a delta is in no
-    /// checkpoint).
-    pub fn abandon(&mut self, id: CheckpointId) {
+    /// Checkpoint `id` was aborted while its snapshot (`full` or not) was being handed out in
+    /// parts: the writer drops what it has of it, and the next snapshot is full (the guest
+    /// abandons the unfinished one when asked for the next, and what it handed out of a delta
+    /// is in no checkpoint) — except after a delta of the disk backend, whose next delta
+    /// covers the abandoned one's changes too (`operator/paged.rs`): its chain goes on, so a
+    /// checkpoint timing out does not make the next one a scan of the whole store.
+    pub fn abandon(&mut self, id: CheckpointId, full: bool) {
         let _ = self.writer.send(WriteMsg::Abandon { task: self.task, id });
-        self.incremental.reset();
+        if full || !self.disk {
+            self.incremental.reset();
+        }
     }
 
     /// Declines checkpoint `id`.
@@ -300,15 +360,16 @@ mod tests {
         assert!(p.announce_finished().is_empty());
     }
 
-    /// A disk-backed operator's chain is not cut at eight files (its full snapshot scans its
-    /// whole store): only the size of its deltas or [`DISK_MAX_LINKS`] end it; a memory
-    /// operator's is cut at [`MAX_LINKS`](crate::checkpoint::incremental::MAX_LINKS).
+    /// A memory operator's chain is restarted by a full snapshot at
+    /// [`MAX_LINKS`](crate::checkpoint::incremental::MAX_LINKS) files; a disk operator's (whose
+    /// full snapshot scans its whole store) is folded in the background at [`DISK_MAX_LINKS`]
+    /// and its snapshots stay deltas, building on the folded file once the writer reports it.
     #[test]
-    fn a_disk_operators_chain_grows_past_the_memory_limit_until_its_own() {
+    fn a_disk_operators_chain_is_folded_in_the_background_not_restarted() {
         for (disk, limit) in [(false, crate::checkpoint::incremental::MAX_LINKS), (true, DISK_MAX_LINKS)] {
-            let (p, _w) = participant();
-            let mut p = p.with_incremental(true, disk);
-            let mut fulls = Vec::new();
+            let (p, w) = participant();
+            let mut p = p.with_incremental(true, disk, None);
+            let (mut fulls, mut folds) = (Vec::new(), Vec::new());
             for n in 1..=(2 * limit as u64) {
                 let full = p.snapshot_is_full(CheckpointId(n));
                 p.snapshot_taken(CheckpointId(n), full, if full { 1 << 30 } else { 1 });
@@ -316,8 +377,48 @@ mod tests {
                 if full {
                     fulls.push(n);
                 }
+                for msg in w.try_iter() {
+                    match msg {
+                        WriteMsg::Done(j) if n == limit as u64 + 1 && disk => {
+                            let first = j.chain.first().expect("a delta");
+                            assert_eq!(first.file, format!("op-0.state.base"), "builds on the folded file");
+                            assert_eq!(j.chain.len(), 1, "{:?}", j.chain);
+                        }
+                        WriteMsg::Compact { links, into, reply, .. } => {
+                            folds.push((n, links.len(), into.checkpoint));
+                            reply.send(Ok(1 << 30)).unwrap();
+                        }
+                        _ => {}
+                    }
+                }
             }
-            assert_eq!(fulls, vec![1, limit as u64 + 1], "disk: {disk}");
+            if disk {
+                assert_eq!(fulls, vec![1]);
+                assert_eq!(
+                    folds,
+                    vec![(limit as u64, limit, limit as u64), (2 * limit as u64 - 1, limit, 2 * limit as u64 - 1)]
+                );
+            } else {
+                assert_eq!(fulls, vec![1, limit as u64 + 1]);
+                assert!(folds.is_empty());
+            }
+        }
+    }
+
+    /// An aborted delta of a disk operator leaves its chain as it was (the next delta covers
+    /// the abandoned one's changes); an aborted full, or any abort on the memory backend,
+    /// makes the next snapshot full.
+    #[test]
+    fn an_abandoned_disk_delta_keeps_the_chain() {
+        for (disk, full, next_full) in [(true, false, false), (true, true, true), (false, false, true)] {
+            let (p, _w) = participant();
+            let mut p = p.with_incremental(true, disk, None);
+            assert!(p.snapshot_is_full(CheckpointId(1)));
+            p.snapshot_taken(CheckpointId(1), true, 10);
+            p.submit(CheckpointId(1), SubtaskState::default(), Timing::default());
+            assert!(!p.snapshot_is_full(CheckpointId(2)));
+            p.abandon(CheckpointId(2), full);
+            assert_eq!(p.snapshot_is_full(CheckpointId(3)), next_full, "disk {disk}, abandoned full {full}");
         }
     }
 }

@@ -679,12 +679,12 @@ impl OperatorTask {
     }
 
     /// Checkpoint `id` was aborted: if its snapshot is still being drained, stop pulling it
-    /// (the writer drops its partial file; the next snapshot is full).
+    /// (the writer drops its partial file; see [`Participant::abandon`] for what follows).
     fn abandon_drain(&mut self, id: CheckpointId) {
-        if self.draining.take_if(|d| d.id == id).is_some()
+        if let Some(d) = self.draining.take_if(|d| d.id == id)
             && let Some(p) = self.checkpoints.as_mut()
         {
-            p.abandon(id);
+            p.abandon(id, d.full);
             self.metrics.snapshots_abandoned.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -15,6 +15,8 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
+use crate::checkpoint::compaction;
+use crate::checkpoint::incremental::ChainLink;
 use crate::checkpoint::snapshot::StateFileWriter;
 use crate::checkpoint::storage::{AtomicFile, CheckpointStore};
 use crate::runtime::control::{Ack, Event, WriteMsg};
@@ -87,6 +89,10 @@ pub fn run(
                 continue;
             }
             WriteMsg::Done(job) => job,
+            WriteMsg::Compact { task, links, into, reply } => {
+                compact_in_background(&store, &lost, task, links, into, reply, budget.clone());
+                continue;
+            }
             WriteMsg::Abandon { task, id } => {
                 // The partial file goes with it (`AtomicFile`'s drop): the aborted
                 // checkpoint's directory has no manifest and is never restored from.
@@ -163,5 +169,46 @@ pub fn run(
         if events.send(event).is_err() {
             return;
         }
+    }
+}
+
+/// Folds `links` into `into` on a thread of its own (it reads and writes the whole state, which
+/// must not hold up the checkpoints behind it), unless a file of the chain was not written or
+/// the files are not kept on this disk (a cluster's worker keeps them only in the object store).
+fn compact_in_background(
+    store: &CheckpointStore,
+    lost: &HashMap<(usize, u64), String>,
+    task: usize,
+    links: Vec<ChainLink>,
+    into: ChainLink,
+    reply: Sender<Result<u64, String>>,
+    budget: Option<std::sync::Arc<crate::disk_budget::DiskBudget>>,
+) {
+    if let Some(l) = links.iter().find(|l| lost.contains_key(&(task, l.checkpoint))) {
+        let _ = reply.send(Err(format!("the state file of checkpoint {} was not written", l.checkpoint)));
+        return;
+    }
+    if !store.keep_local {
+        let _ = reply.send(Err("checkpoint files are kept only in the object store here".into()));
+        return;
+    }
+    let store = store.clone();
+    let spawned = std::thread::Builder::new().name("weir-compact".into()).spawn(move || {
+        let started = Instant::now();
+        let charge = |bytes: u64| budget.as_ref().map_or(Ok(()), |b| b.charge(bytes));
+        let outcome = compaction::compact(&store, &links, &into, charge).map_err(|e| e.to_string());
+        if let Ok(bytes) = &outcome {
+            tracing::info!(
+                checkpoint = into.checkpoint,
+                "folded {} state files into {} ({bytes} bytes of keyed state) in {:.1} s",
+                links.len(),
+                into.file,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let _ = reply.send(outcome);
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start a compaction thread: {e}");
     }
 }
