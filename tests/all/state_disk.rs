@@ -42,37 +42,57 @@ fn state_disk_exactly_once_with_removed_keys_in_incremental_chains_under_seeded_
 
 /// A disk operator's long chain is folded into one file in the background instead of being
 /// restarted by a full snapshot (which scans the whole store: with state far beyond memory it
-/// outlasts the checkpoint timeout). Only the first checkpoint is full; a later one builds on a
-/// folded file; every checkpoint folds to exactly the state its source position implies.
+/// outlasts the checkpoint timeout): at `max_chain_links = 3` by length.
 #[test]
 fn state_disk_long_chains_are_folded_in_the_background_and_every_checkpoint_is_exact() {
+    check_folds(3);
+}
+
+/// The same by size: with `max_chain_links = 1000` a chain is folded once its deltas outweigh
+/// its base (the keys cycle, so each delta holds as many entries as records since the previous
+/// checkpoint, and the deltas pass the base after at most twice the keys' count of records),
+/// which the host must weigh by every byte the disk operator hands out.
+#[test]
+fn state_disk_chains_whose_deltas_outweigh_their_base_are_folded() {
+    let all = check_folds(1000);
+    let first = all.iter().find_map(|c| c.chain.first().filter(|l| l.file.ends_with(".base"))).unwrap();
+    let prefix = all.iter().filter(|c| c.id <= first.checkpoint).count();
+    assert!(prefix < 1000, "folded by size, not at 1000 links: {prefix} checkpoints in the folded chain");
+}
+
+/// Generator → oracle on the disk backend (1 MiB cache) → blackhole, checkpoints every 30 ms
+/// kept; held running until every record was processed and a checkpoint builds on a folded
+/// file. Asserts that only the first checkpoint is full and that every one folds to exactly
+/// the state its source position implies.
+fn check_folds(max_links: u32) -> Vec<crate::exactly_once::Folded> {
     let d = scratch();
-    let (keys, count) = (40_000u64, 200_000u64);
+    let (keys, count) = (40_000u64, 300_000u64);
     let toml = format!(
         "[job]\nname = \"fold\"\nmax_parallelism = 16\nbatch_size = 64\n\
-         [checkpoint]\ninterval_ms = 30\ndir = \"chk\"\nretained = 1000\nincremental = true\nmax_chain_links = 3\n\
+         [checkpoint]\ninterval_ms = 30\ndir = \"chk\"\nretained = 1000\nincremental = true\nmax_chain_links = {max_links}\n\
          [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\nrate = 100000\n\
          [[operator]]\nid = \"oracle\"\ncomponent = {}\nconfig = {{ keys = \"{keys}\" }}\n\
          state_backend = \"disk\"\nstate_cache_mb = 1\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
          [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"oracle\" }}]\n",
         toml_path(&component("test_oracle"))
     );
-    // The input's end is held back until a checkpoint taken after the oracle saw every
-    // record builds on a file folded from such checkpoints: the job keeps checkpointing (its
-    // chain keeps growing) however slow the machine.
+    // The input's end is held back until a checkpoint after the last record completed and
+    // one builds on a folded file: the job keeps checkpointing however slow the machine.
     let mut r = start(d.path(), &toml, None, false);
     wait_records(&r, "oracle", count);
     let store = storage::CheckpointStore::new(&d.path().join("chk"), "fold");
     let seen = store.max_id();
-    let folded_after = |l: &storage::Listed| {
+    let on_folded = |l: &storage::Listed| {
         l.status.as_ref().is_ok_and(|m| {
-            m.operator("oracle").is_some_and(|o| {
-                o.subtasks[0].chain.first().is_some_and(|c| c.file.ends_with(".base") && c.checkpoint > seen)
-            })
+            m.operator("oracle").is_some_and(|o| o.subtasks[0].chain.first().is_some_and(|c| c.file.ends_with(".base")))
         })
     };
     let t0 = std::time::Instant::now();
-    while !store.list().iter().any(folded_after) {
+    loop {
+        let listed = store.list();
+        if listed.iter().any(on_folded) && listed.iter().any(|l| l.id > seen + 1 && l.status.is_ok()) {
+            break;
+        }
         assert!(!r.handle.status().state.is_terminal(), "the job ended: {:?}", r.handle.status().state);
         assert!(t0.elapsed() < std::time::Duration::from_secs(300), "no checkpoint builds on a folded file");
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -83,9 +103,8 @@ fn state_disk_long_chains_are_folded_in_the_background_and_every_checkpoint_is_e
     let all = crate::exactly_once::fold_every_checkpoint_exactly(&store, keys);
     let fulls: Vec<u64> = all.iter().filter(|c| c.chain.is_empty()).map(|c| c.id).collect();
     assert_eq!(fulls, vec![all[0].id], "only the first checkpoint is a full snapshot");
-    let on_folded = all.iter().filter(|c| c.chain[..].first().is_some_and(|l| l.file.ends_with(".base"))).count();
-    assert!(on_folded >= 1, "a checkpoint builds on a folded file");
     assert!(all.iter().any(|c| c.next == count && !c.chain.is_empty()), "a delta after the whole input");
+    all
 }
 
 const KEYS: u64 = 3_000;

@@ -71,9 +71,8 @@ pub enum CompactError {
 struct Indexed {
     path: PathBuf,
     file: File,
-    body_end: u64,
-    /// Key group → offset of its frame's value.
-    groups: BTreeMap<u32, u64>,
+    /// Key group → offset and length of its frame's value.
+    groups: BTreeMap<u32, (u64, u64)>,
 }
 
 /// Counts and checksums what is read through it.
@@ -125,7 +124,7 @@ impl Indexed {
                     let at = 20 + r.read;
                     let g: KeyGroupSnapshot =
                         bounded(len - r.read).deserialize_from(&mut r).map_err(|e| decode(e.to_string()))?;
-                    if groups.insert(g.key_group, at).is_some() {
+                    if groups.insert(g.key_group, (at, 20 + r.read - at)).is_some() {
                         return Err(decode(format!("key group {} appears twice", g.key_group)));
                     }
                 }
@@ -143,17 +142,20 @@ impl Indexed {
         if computed != stored {
             return Err(bad(StateFileError::Checksum { stored, computed }));
         }
-        Ok(Indexed { path: path.to_path_buf(), file, body_end: 20 + len, groups })
+        Ok(Indexed { path: path.to_path_buf(), file, groups })
     }
 
-    /// Key group `g`'s frame (it is in [`Indexed::groups`]).
-    fn read(&mut self, at: u64) -> Result<KeyGroupSnapshot, CompactError> {
+    /// The frame at `(offset, length)` (from [`Indexed::groups`]): exactly its bytes are read
+    /// (a buffered reader would read ahead a buffer per group and file).
+    fn read(&mut self, (at, len): (u64, u64)) -> Result<KeyGroupSnapshot, CompactError> {
         let path = self.path.clone();
-        self.file.seek(SeekFrom::Start(at)).map_err(|source| CompactError::Io { path: path.clone(), source })?;
-        let r = BufReader::with_capacity(1 << 20, &mut self.file);
-        bounded(self.body_end - at)
-            .deserialize_from(r)
-            .map_err(|e| CompactError::State { path, source: StateFileError::Decode(e.to_string()) })
+        let io = |source| CompactError::Io { path: path.clone(), source };
+        self.file.seek(SeekFrom::Start(at)).map_err(io)?;
+        let mut frame = vec![0u8; len as usize];
+        self.file.read_exact(&mut frame).map_err(io)?;
+        bounded(len)
+            .deserialize(&frame)
+            .map_err(|e| CompactError::State { path: path.clone(), source: StateFileError::Decode(e.to_string()) })
     }
 }
 

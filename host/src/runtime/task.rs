@@ -215,8 +215,11 @@ pub struct Draining {
     state: SubtaskState,
     /// Timers captured at the barrier, by key group, until the group's data comes.
     timers: std::collections::BTreeMap<u32, KeyGroupSnapshot>,
-    /// Key-group bytes so far.
+    /// Key-group bytes so far, as `max_snapshot_mb` counts them (not what a disk operator
+    /// reads from its store).
     bytes: u64,
+    /// Key-group bytes so far, all of them (the chain's bookkeeping weighs deltas by them).
+    keyed: u64,
     /// Longest single call so far (the barrier's included): the stream's longest pause.
     pause_ms: f64,
     align_ms: f64,
@@ -606,6 +609,7 @@ impl OperatorTask {
         let Some(mut d) = self.draining.take() else { return Ok(()) };
         let t = Instant::now();
         let (chunk, more) = self.pull_chunk(d.id, d.full, &mut d.calls, &mut d.bytes)?;
+        d.keyed += chunk.iter().map(|k| k.data.len() as u64).sum::<u64>();
         d.pause_ms = d.pause_ms.max(t.elapsed().as_secs_f64() * 1e3);
         let groups = chunk
             .into_iter()
@@ -660,7 +664,7 @@ impl OperatorTask {
         d.state.keyed.extend(std::mem::take(&mut d.timers).into_values());
         d.state.keyed.sort_by_key(|k| k.key_group);
         if let Some(p) = self.checkpoints.as_mut() {
-            p.snapshot_taken(d.id, d.full, d.bytes);
+            p.snapshot_taken(d.id, d.full, d.keyed);
             p.submit(d.id, d.state, Timing { align_ms: d.align_ms, sync_ms: d.pause_ms, async_ms: 0.0 });
         }
         Ok(())
@@ -1371,7 +1375,8 @@ impl OperatorTask {
                 p.submit_part(id, with_data);
             }
         }
-        self.draining = Some(Draining { id, full, state, timers, bytes, pause_ms, align_ms, calls: 1 });
+        let keyed = bytes;
+        self.draining = Some(Draining { id, full, state, timers, bytes, keyed, pause_ms, align_ms, calls: 1 });
         if !more {
             self.drain_finish()?;
         }
