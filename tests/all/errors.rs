@@ -401,6 +401,20 @@ fn unaligned_checkpoints_refuse_an_unknown_alignment_and_concurrent_checkpoints_
 }
 
 #[test]
+fn state_disk_max_chain_links_is_refused_at_zero_and_past_its_bound() {
+    let with = |n: u32| {
+        good_job().replace(
+            "[[source]]",
+            &format!("[checkpoint]\ninterval_ms = 100\nincremental = true\nmax_chain_links = {n}\n[[source]]"),
+        )
+    };
+    let e = validate_fails(&with(0), |_| {});
+    assert!(e.contains("[checkpoint] max_chain_links must be at least 1") && e.contains("job.toml:"), "{e}");
+    let e = validate_fails(&with(1001), |_| {});
+    assert!(e.contains("[checkpoint] max_chain_links is at most 1000") && e.contains("job.toml:"), "{e}");
+}
+
+#[test]
 fn unaligned_an_alignment_timeout_is_refused_with_unaligned_zero_past_the_checkpoint_timeout_or_concurrent() {
     let with = |lines: &str| {
         good_job().replace("[[source]]", &format!("[checkpoint]\ninterval_ms = 100\n{lines}\n[[source]]"))

@@ -108,15 +108,13 @@ impl IncrementalPolicy {
         Some(links)
     }
 
-    /// `prefix` was folded into `into` (`keyed_bytes` of keyed data): later snapshots build on
-    /// it instead of on `prefix`, if the chain still starts with `prefix` (a reset since
-    /// leaves the folded file unused). Returns whether the chain now builds on `into`.
-    pub fn compacted(&mut self, prefix: &[ChainLink], into: ChainLink, keyed_bytes: u64) -> bool {
-        if self.compacting.as_deref() != Some(prefix) {
-            return false;
-        }
-        self.compacting = None;
-        let still = self.chain.len() >= prefix.len() && self.chain.iter().zip(prefix).all(|((l, _), p)| l == p);
+    /// The chain [`IncrementalPolicy::compaction`] handed out was folded into `into`
+    /// (`keyed_bytes` of keyed data): later snapshots build on it instead, if the chain still
+    /// starts with what was folded (a reset since leaves the folded file unused). Returns
+    /// whether the chain now builds on `into`.
+    pub fn compacted(&mut self, into: ChainLink, keyed_bytes: u64) -> bool {
+        let Some(prefix) = self.compacting.take() else { return false };
+        let still = self.chain.len() >= prefix.len() && self.chain.iter().zip(&prefix).all(|((l, _), p)| l == p);
         if still {
             self.chain.splice(..prefix.len(), [(into, keyed_bytes)]);
         }
@@ -267,14 +265,14 @@ pub(crate) mod tests {
         // Snapshots go on building on the whole chain while it is folded.
         assert_eq!(p.taken(id(4), "f", false, 10).len(), 3);
         let base = ChainLink { checkpoint: 3, file: "f.base".into() };
-        assert!(p.compacted(&prefix, base.clone(), 100));
+        assert!(p.compacted(base.clone(), 100));
         assert_eq!(p.taken(id(5), "f", false, 10), vec![base.clone(), link(4)]);
         // A fold that finishes after a reset is not used; the chain starts over with a full.
-        let prefix = p.compaction().expect("3 links again");
+        assert!(p.compaction().is_some(), "3 links again");
         p.reset();
         assert!(p.wants_full(false));
         p.taken(id(6), "f", true, 100);
-        assert!(!p.compacted(&prefix, ChainLink { checkpoint: 5, file: "f.base".into() }, 1));
+        assert!(!p.compacted(ChainLink { checkpoint: 5, file: "f.base".into() }, 1));
         assert_eq!(p.taken(id(7), "f", false, 1), vec![link(6)]);
         // A failed fold falls back to full snapshots.
         p.taken(id(8), "f", false, 1);

@@ -55,9 +55,8 @@ pub struct Participant {
     compacting: Option<Compacting>,
 }
 
-/// A fold of the chain in flight (`checkpoint/compaction.rs`).
+/// A fold of the chain in flight (`checkpoint/compaction.rs`; the policy knows which chain).
 struct Compacting {
-    prefix: Vec<ChainLink>,
     into: ChainLink,
     reply: Receiver<Result<u64, String>>,
 }
@@ -151,9 +150,8 @@ impl Participant {
             let last = prefix.last().expect("a chain to fold has files");
             let into = ChainLink { checkpoint: last.checkpoint, file: format!("{}.base", last.file) };
             let (reply, rx) = crossbeam_channel::bounded(1);
-            let msg = WriteMsg::Compact { task: self.task, links: prefix.clone(), into: into.clone(), reply };
-            let _ = self.writer.send(msg);
-            self.compacting = Some(Compacting { prefix, into, reply: rx });
+            let _ = self.writer.send(WriteMsg::Compact { task: self.task, links: prefix, into: into.clone(), reply });
+            self.compacting = Some(Compacting { into, reply: rx });
         }
     }
 
@@ -169,14 +167,14 @@ impl Participant {
         let c = self.compacting.take().expect("checked above");
         match outcome {
             Ok(bytes) => {
-                self.incremental.compacted(&c.prefix, c.into, bytes);
+                self.incremental.compacted(c.into, bytes);
             }
             Err(why) => {
                 tracing::warn!(
-                    "{}: folding its chain of {} state files failed ({why}); its chain is restarted by full \
+                    "{}: folding its chain of state files into {} failed ({why}); its chain is restarted by full \
                      snapshots from now on",
                     self.file,
-                    c.prefix.len()
+                    c.into.file
                 );
                 self.incremental.compaction_failed();
             }
