@@ -184,41 +184,52 @@ fn burning_job(
     (handle, t)
 }
 
-/// 5. The victim's throughput alone and next to a burning tenant, with and without shares.
+/// Part 5: the victim's throughput alone and next to a burning tenant, with and without
+/// shares, for each way of keeping shares the host offers.
 fn cpu_shares(guests: &Path) {
-    use weir::runtime::cpu_shares::CpuShares;
+    use weir::runtime::cpu_shares::{CpuShares, Fairness};
     let n = std::env::var("WEIR_SANDBOX_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000_000u64);
     let engine = Arc::new(engine_with(EngineOptions::default()).unwrap());
-    let shares = CpuShares::new(Path::new("/sys/fs/cgroup/cpu"));
-    if let Some(why) = shares.unavailable() {
-        println!("5. CPU shares: not measured ({why})");
-        return;
-    }
-    let group = |name: &str| Some(Arc::new(shares.group(name, 100, None).unwrap()));
-    println!("5. CPU shares: keyed count next to a tenant burning 8 threads, equal weights, median of 3 rounds");
-    // Unthrottled (the job alone wants more than half the cores), then at 4 M records/s (it
-    // needs less than its half).
-    for (label, rate, n) in [("unthrottled", None, n), ("4 M/s      ", Some(4_000_000), n / 2)] {
-        let (mut alone, mut shared, mut unshared) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..3 {
-            alone.push(normal_job_in(&engine, guests, n, group("victim"), rate).0);
-            for (with, out) in [(true, &mut shared), (false, &mut unshared)] {
-                let (h, t) = burning_job(engine.clone(), guests, if with { group("attacker") } else { None });
-                std::thread::sleep(Duration::from_millis(500));
-                out.push(normal_job_in(&engine, guests, n, if with { group("victim") } else { None }, rate).0);
-                h.cancel();
-                t.join().unwrap();
+    let mechanisms = [
+        ("cgroup", CpuShares::cgroup(Path::new("/sys/fs/cgroup/cpu"))),
+        ("priorities", CpuShares::choose(Fairness::Priorities, Path::new(""), &[100, 100])),
+    ];
+    for (name, shares) in mechanisms {
+        let shares = match shares {
+            Ok(s) => s,
+            Err(why) => {
+                println!("5. CPU shares by {name}: not measured ({why})");
+                continue;
             }
-        }
-        let (a, s, u) = (median(alone), median(shared), median(unshared));
+        };
+        let group = |tenant: &str| Some(Arc::new(shares.group(tenant, 100, None).unwrap()));
         println!(
-            "   {label}  alone {:>6.2} M/s | next to it: shares {:>6.2} M/s ({:.3}) | no shares {:>6.2} M/s ({:.3})",
-            a / 1e6,
-            s / 1e6,
-            s / a,
-            u / 1e6,
-            u / a
+            "5. CPU shares by {name}: keyed count next to a tenant burning 8 threads, equal weights, median of 3 rounds"
         );
+        // Unthrottled (the job alone wants more than half the cores), then at 4 M records/s (it
+        // needs less than its half).
+        for (label, rate, n) in [("unthrottled", None, n), ("4 M/s      ", Some(4_000_000), n / 2)] {
+            let (mut alone, mut shared, mut unshared) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..3 {
+                alone.push(normal_job_in(&engine, guests, n, group("victim"), rate).0);
+                for (with, out) in [(true, &mut shared), (false, &mut unshared)] {
+                    let (h, t) = burning_job(engine.clone(), guests, if with { group("attacker") } else { None });
+                    std::thread::sleep(Duration::from_millis(500));
+                    out.push(normal_job_in(&engine, guests, n, if with { group("victim") } else { None }, rate).0);
+                    h.cancel();
+                    t.join().unwrap();
+                }
+            }
+            let (a, s, u) = (median(alone), median(shared), median(unshared));
+            println!(
+                "   {label}  alone {:>6.2} M/s | next to it: shares {:>6.2} M/s ({:.3}) | no shares {:>6.2} M/s ({:.3})",
+                a / 1e6,
+                s / 1e6,
+                s / a,
+                u / 1e6,
+                u / a
+            );
+        }
     }
 }
 

@@ -641,6 +641,23 @@ fn cpu_ticks(pid: u32, prefix: &str) -> std::collections::HashMap<String, u64> {
     out
 }
 
+/// The nice of each thread of process `pid` whose name starts with `prefix`.
+fn thread_nices(pid: u32, prefix: &str) -> Vec<i64> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        if !std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the `(comm)`: state is field 3, nice field 19.
+        if let Some(n) = stat.rsplit_once(')').and_then(|(_, a)| a.split_whitespace().nth(16)?.parse().ok()) {
+            out.push(n);
+        }
+    }
+    out
+}
+
 /// Adds to `total` what each thread ran since `last` (threads that came and went included,
 /// up to the last sample they were seen in); updates `last`.
 fn add_ticks(
@@ -663,6 +680,47 @@ fn add_ticks(
 /// attacker's. (A ratio of CPU time, so it holds on a slow or busy machine too.)
 #[test]
 fn sandbox_tenants_share_contended_cpu_by_weight_whatever_their_guests_do() {
+    tenants_share_contended_cpu("");
+}
+
+/// The same where the server may not use a CPU cgroup (a cgroup-v2-only host, an unprivileged
+/// container): each tenant's weight spread over its threads' priorities. The attacker's many
+/// threads each run at a lower priority than the victim's few. Measured next to two busy
+/// loops: 0.63-0.77 (the victim's pipeline threads that wait still count towards its thread
+/// count, unlike in a cgroup); with `cpu_fairness = "off"` 0.26-0.37.
+#[test]
+fn sandbox_without_a_cpu_cgroup_tenants_share_contended_cpu_by_thread_priorities() {
+    tenants_share_contended_cpu("cpu_fairness = \"priorities\"\n");
+}
+
+/// A CPU cap needs the cgroup, and a required cgroup must be there: otherwise `weir serve`
+/// does not start, and says which setting and what to do.
+#[test]
+fn sandbox_a_cpu_setting_the_host_cannot_keep_stops_the_server_naming_it() {
+    let d = scratch();
+    let tenant = "[[tenant]]\nname = \"capped\"\ntoken = \"capped-token-0123456789\"\nmax_cpu_cores = 1.5\n";
+    for (server, says) in [
+        (format!("cpu_fairness = \"priorities\"\n{tenant}"), "tenant `capped`: max_cpu_cores needs the cgroup"),
+        (
+            format!("cpu_fairness = \"cgroup\"\ncpu_cgroup = \"{}\"\n{tenant}", d.path().display()),
+            "cpu_fairness = \"cgroup\", but",
+        ),
+    ] {
+        std::fs::write(
+            d.path().join("server.toml"),
+            format!("listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n{server}"),
+        )
+        .unwrap();
+        let out =
+            crate::support::weir().args(["serve", "--config"]).arg(d.path().join("server.toml")).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{server}: {err}");
+    }
+}
+
+/// Runs the attacker and the victim on a `weir serve` configured with `server` and checks
+/// the victim's share of CPU time.
+fn tenants_share_contended_cpu(server: &str) {
     let d = scratch();
     let tenant = |name: &str| {
         format!(
@@ -671,7 +729,7 @@ fn sandbox_tenants_share_contended_cpu_by_weight_whatever_their_guests_do() {
     };
     let serve = weir_serve(
         d.path(),
-        &format!("listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n{}{}", tenant("victim"), tenant("attacker")),
+        &format!("listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n{server}{}{}", tenant("victim"), tenant("attacker")),
     );
     let addr = serve.url.trim_start_matches("http://").to_string();
     let call = |token: &str, method: &str, path: &str, body: &[u8]| {
@@ -713,6 +771,14 @@ fn sandbox_tenants_share_contended_cpu_by_weight_whatever_their_guests_do() {
         assert_eq!(st["state"], "RUNNING", "{st}");
     }
     let pid = serve.child.id();
+    if server.contains("priorities") {
+        // The attacker's threads each weigh less than the victim's (more threads, one share).
+        let (v, e) = (thread_nices(pid, "v"), thread_nices(pid, "e"));
+        assert!(
+            !v.is_empty() && !e.is_empty() && e.iter().min() > v.iter().max(),
+            "nice of the victim's threads {v:?}, of the attacker's {e:?}"
+        );
+    }
     let done_before = checkpoints();
     // Up to three windows: another test's processes starting next to this one can take the
     // victim's pipeline off the CPU in bursts for one window; without shares every window

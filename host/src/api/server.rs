@@ -118,6 +118,32 @@ struct SavepointBody {
 
 type Answer = Result<Response, Response>;
 
+/// The tenants' CPU shares as `config` asks; an error names the setting a host cannot keep (a
+/// required cgroup, a tenant's cap without one).
+fn cpu_shares(config: &ServerConfig) -> Result<(CpuShares, BTreeMap<String, Arc<CpuGroup>>), String> {
+    let weights: Vec<u32> = config.tenant.iter().map(|t| t.cpu_weight).collect();
+    let cpu = CpuShares::choose(config.cpu_fairness, &config.cpu_cgroup, &weights)?;
+    let mut groups = BTreeMap::new();
+    for t in &config.tenant {
+        match cpu.group(&t.name, t.cpu_weight, t.max_cpu_cores) {
+            Ok(g) => {
+                groups.insert(t.name.clone(), Arc::new(g));
+            }
+            Err(e) if t.max_cpu_cores.is_some() => {
+                return Err(format!(
+                    "tenant `{}`: {e}; remove its max_cpu_cores or give the server a CPU cgroup",
+                    t.name
+                ));
+            }
+            Err(e) if cpu.unavailable().is_none() => {
+                tracing::warn!(tenant = %t.name, "tenant `{}` gets no CPU share: {e}", t.name);
+            }
+            Err(_) => {}
+        }
+    }
+    Ok((cpu, groups))
+}
+
 impl Api {
     /// The API of one `weir run`: one tenant (`local`) holding `token`; uploaded components
     /// compile with `engine`.
@@ -148,18 +174,7 @@ impl Api {
             std::fs::create_dir_all(config.data_dir.join(&t.name).join("components"))?;
             std::fs::create_dir_all(config.data_dir.join(&t.name).join("files"))?;
         }
-        let cpu = if config.cpu_cgroup.as_os_str().is_empty() {
-            CpuShares::off("cpu_cgroup = \"\" in the server configuration")
-        } else {
-            crate::runtime::cpu_shares::remove_stale(&config.cpu_cgroup);
-            CpuShares::new(&config.cpu_cgroup)
-        };
-        let mut cpu_groups = BTreeMap::new();
-        for t in &config.tenant {
-            if let Ok(g) = cpu.group(&t.name, t.cpu_weight, t.max_cpu_cores) {
-                cpu_groups.insert(t.name.clone(), Arc::new(g));
-            }
-        }
+        let (cpu, cpu_groups) = cpu_shares(config).map_err(std::io::Error::other)?;
         Ok(Arc::new(Api {
             tenants: config.tenant.clone(),
             engine,
@@ -183,6 +198,11 @@ impl Api {
     /// Why tenants do not get CPU shares, if they do not.
     pub fn cpu_shares_unavailable(&self) -> Option<&str> {
         self.cpu.unavailable()
+    }
+
+    /// How tenants get their CPU shares, for the server's log.
+    pub fn cpu_shares(&self) -> String {
+        self.cpu.describe()
     }
 
     /// Serves `job` under `id` (single-job mode: for the `local` tenant).
@@ -322,8 +342,12 @@ impl Api {
 
     /// Runs `f` (which may compile) with its compilations' CPU charged to `tenant`'s group.
     fn charged<R>(&self, tenant: &Tenant, f: impl FnOnce() -> R) -> R {
-        let procs = self.cpu_groups.get(&tenant.name).map(|g| g.procs());
-        crate::sandbox::isolated_compile::charged_to(procs, f)
+        let charge = self
+            .cpu_groups
+            .get(&tenant.name)
+            .cloned()
+            .map(|g| Arc::new(move |pid: u32| g.charge_process(pid)) as crate::sandbox::isolated_compile::Charge);
+        crate::sandbox::isolated_compile::charged_to(charge, f)
     }
 
     fn compile_lock(&self, tenant: &Tenant) -> Arc<Mutex<()>> {

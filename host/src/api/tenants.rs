@@ -15,7 +15,7 @@
 //! max_requests = 8              # API requests in flight at once (more: 429)
 //! max_disk_mb = 4096            # its directory: uploads, outputs, checkpoints (more: 507)
 //! cpu_weight = 100              # its share of contended CPU, relative to other tenants'
-//! max_cpu_cores = 2.0           # optional hard cap, cores per 100 ms window
+//! max_cpu_cores = 2.0           # optional hard cap, cores per 100 ms window (needs the cgroup)
 //! ```
 //!
 //! The API's front door takes its bounds from the top level (defaults shown):
@@ -25,6 +25,8 @@
 //! body_timeout_ms = 60000         # the body must arrive within this after the head
 //! max_connections = 1024          # open at once, in all
 //! max_connections_per_ip = 64     # open at once from one peer address
+//! cpu_fairness = "auto"           # CPU shares: "auto" | "cgroup" | "priorities" | "off"
+//! cpu_cgroup = "/sys/fs/cgroup/cpu" # the cgroup v1 `cpu` hierarchy ("": none)
 //! ```
 //!
 //! Invariants: a tenant's jobs only read and write under `<data_dir>/<tenant>/` (every path
@@ -151,8 +153,11 @@ pub struct ServerConfig {
     /// Connections open at once from one peer address.
     #[serde(default)]
     pub max_connections_per_ip: Option<usize>,
-    /// Where the cgroup v1 `cpu` hierarchy is mounted (tenants' CPU shares); `""` turns
-    /// CPU shares off.
+    /// How tenants get CPU shares: `auto` (the cgroup below where it can be used, else thread
+    /// priorities), `cgroup` (or the server does not start), `priorities`, `off`.
+    #[serde(default)]
+    pub cpu_fairness: crate::runtime::cpu_shares::Fairness,
+    /// Where the cgroup v1 `cpu` hierarchy is mounted (tenants' CPU shares); `""`: none.
     #[serde(default = "default_cpu_cgroup")]
     pub cpu_cgroup: PathBuf,
     /// `[compile]`: bounds of compiling a tenant's component.
@@ -211,6 +216,7 @@ impl ServerConfig {
             body_timeout_ms: None,
             max_connections: None,
             max_connections_per_ip: None,
+            cpu_fairness: Default::default(),
             cpu_cgroup: default_cpu_cgroup(),
             compile: CompileBounds::default(),
             tls: None,

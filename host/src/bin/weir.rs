@@ -606,7 +606,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("{e:#}"))
                 .context("starting the WebAssembly engine")?;
             let api = Api::hosting(&cfg, engine)
-                .with_context(|| format!("preparing the data directory {}", cfg.data_dir.display()))?;
+                .with_context(|| format!("starting the server (data directory {})", cfg.data_dir.display()))?;
             let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
             tracing::info!(
                 "weir serving {} tenant(s) at {}://{} (data in {}; dashboard at /ui/)",
@@ -616,7 +616,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 cfg.data_dir.display()
             );
             match api.cpu_shares_unavailable() {
-                None => tracing::info!("tenants get CPU shares by their cpu_weight (cgroup `cpu` controller)"),
+                None => tracing::info!("tenants get CPU shares by their cpu_weight: {}", api.cpu_shares()),
                 Some(why) => {
                     tracing::warn!("tenants do not get CPU shares ({why}); the OS schedules their threads one by one")
                 }

@@ -626,14 +626,17 @@ impl Threads {
         let (cancel, stop, cpu_group, nice) =
             (self.cancel.clone(), self.stop.clone(), self.cpu_group.clone(), self.nice);
         std::thread::Builder::new().name(id.to_string()).spawn(move || {
-            if let Some(g) = cpu_group
-                && let Err(e) = g.join_current_thread()
-            {
-                tracing::warn!(subtask = %id, "subtask {id} runs outside its tenant's CPU share: {e}");
-            }
-            if nice > 0 {
-                priority::demote_current_thread(nice);
-            }
+            let _share = match cpu_group {
+                Some(g) => g.join_current_thread(nice).inspect_err(|e| {
+                    tracing::warn!(subtask = %id, "subtask {id} runs outside its tenant's CPU share: {e}");
+                }),
+                None => {
+                    if nice > 0 {
+                        priority::demote_current_thread(nice);
+                    }
+                    Ok(crate::runtime::cpu_priorities::Membership::none())
+                }
+            };
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.run())).unwrap_or_else(|p| {
                 let message = p
                     .downcast_ref::<String>()

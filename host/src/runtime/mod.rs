@@ -1,6 +1,7 @@
 //! Executing a job: subtasks on threads connected by bounded channels carrying batches.
 
 pub mod control;
+pub mod cpu_priorities;
 pub mod cpu_shares;
 pub mod driver;
 pub mod error;

@@ -44,7 +44,7 @@ pub const SUBCOMMAND: &str = "__compile-component";
 static GLOBAL: OnceLock<Isolation> = OnceLock::new();
 
 thread_local! {
-    static CHARGE_TO: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
+    static CHARGE_TO: RefCell<Option<Charge>> = const { RefCell::new(None) };
 }
 
 /// Compiles every component of this process in a child from now on (first call wins).
@@ -57,10 +57,14 @@ pub fn installed() -> Option<&'static Isolation> {
     GLOBAL.get()
 }
 
-/// Runs `f` with the compilations it starts on this thread charged to a cgroup: each child
-/// process's pid is written to `procs` (the group's `cgroup.procs`).
-pub fn charged_to<R>(procs: Option<PathBuf>, f: impl FnOnce() -> R) -> R {
-    let old = CHARGE_TO.with(|c| c.replace(procs));
+/// What charges a compiler child's CPU to its tenant, given the child's pid (moves it into
+/// the tenant's cgroup, or lowers its priority).
+pub type Charge = std::sync::Arc<dyn Fn(u32) + Send + Sync>;
+
+/// Runs `f` with the compilations it starts on this thread charged to a tenant's CPU share:
+/// `charge` is called with each child process's pid.
+pub fn charged_to<R>(charge: Option<Charge>, f: impl FnOnce() -> R) -> R {
+    let old = CHARGE_TO.with(|c| c.replace(charge));
     let r = f();
     CHARGE_TO.with(|c| *c.borrow_mut() = old);
     r
@@ -93,8 +97,8 @@ impl Isolation {
         }
         let mut child =
             cmd.spawn().map_err(|e| format!("cannot start the compiler process {}: {e}", self.exe.display()))?;
-        if let Some(procs) = CHARGE_TO.with(|c| c.borrow().clone()) {
-            let _ = std::fs::write(procs, child.id().to_string());
+        if let Some(charge) = CHARGE_TO.with(|c| c.borrow().clone()) {
+            charge(child.id());
         }
         let pid = child.id() as libc::pid_t;
         let mut stdin = child.stdin.take().expect("piped");
