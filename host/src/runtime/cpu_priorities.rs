@@ -9,7 +9,11 @@
 //! re-niced. Two scales ([`Scale`]):
 //! - **privileged** (`CAP_SYS_NICE`, found by trying): the tenants together weigh as much as
 //!   [`super::cpu_shares::SERVER_SHARES`] (16 busy threads at nice 0, as the server's cgroup
-//!   does), split by `cpu_weight`; priorities go up and down as counts change.
+//!   does), split by `cpu_weight`; priorities go up and down as counts change. Here a
+//!   tenant's count is not its threads but how many of them were runnable on average
+//!   ([`RUNNABLE_WINDOW`], from each thread's `schedstat`: time running plus time waiting for
+//!   a core), at least one: a pipeline whose threads wait on each other gets its whole part,
+//!   as in a cgroup, and a thread that only sleeps weighs nothing.
 //! - **unprivileged**: priorities only go down from the process's own, so the heaviest
 //!   tenant's single thread runs at the process's nice, the rest below it; a priority the
 //!   kernel will not raise back stays low until the tenant's next thread starts.
@@ -18,11 +22,17 @@
 //! unprivileged) weighs more with each further one, and nothing caps a tenant
 //! (`max_cpu_cores` needs the cgroup).
 //!
-//! Invariant: a thread is re-niced only while it is a member (it leaves before it ends, so a
+//! Invariant: the tenant's count never goes below one thread nor above its members, so no
+//! tenant's threads weigh more than its part while all are busy; a thread is re-niced only
+//! while it is a member (it leaves before it ends, so a
 //! recycled thread id is never touched).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// How often, privileged, each tenant's runnable threads are counted again.
+pub const RUNNABLE_WINDOW: Duration = Duration::from_millis(250);
 
 /// The kernel's weight of each nice value, -20..=19 (`sched_prio_to_weight`).
 const WEIGHTS: [u32; 40] = [
@@ -55,7 +65,13 @@ impl Scale {
     /// The nice that gives one of `threads` threads of a tenant weighted `weight` its part
     /// (pure).
     pub fn nice_for(&self, weight: u32, threads: usize) -> i32 {
-        let target = self.per_weight * f64::from(weight.max(1)) / threads.max(1) as f64;
+        self.nice_for_count(weight, threads as f64)
+    }
+
+    /// [`Scale::nice_for`] for a count of threads that need not be whole (runnable on
+    /// average); below one counts as one.
+    pub fn nice_for_count(&self, weight: u32, threads: f64) -> i32 {
+        let target = self.per_weight * f64::from(weight.max(1)) / threads.max(1.0);
         let step = |nice: i32| (f64::from(WEIGHTS[(nice + 20) as usize]) / target).ln().abs();
         (self.lowest..=19).min_by(|a, b| step(*a).total_cmp(&step(*b))).unwrap_or(19)
     }
@@ -67,8 +83,28 @@ type Tid = i32;
 #[derive(Debug, Default)]
 struct Tenant {
     weight: u32,
-    /// Member threads: the nice each must not go below (a demoted job's), and the nice it has.
-    threads: HashMap<Tid, (i32, i32)>,
+    threads: HashMap<Tid, Member>,
+    /// Privileged: its threads runnable on average over the last window (a thread that
+    /// joined since counts as one).
+    runnable: f64,
+}
+
+#[derive(Debug)]
+struct Member {
+    /// The nice it must not go below (a demoted job's).
+    floor: i32,
+    /// The nice it has.
+    applied: i32,
+    /// Its `schedstat` time running plus waiting, ns, at the last count.
+    seen: Option<u64>,
+}
+
+impl Tenant {
+    /// What its weight is spread over: its runnable threads (privileged), else its members.
+    fn count(&self, dynamic: bool) -> f64 {
+        let members = self.threads.len() as f64;
+        if dynamic { self.runnable.clamp(1.0, members.max(1.0)) } else { members }
+    }
 }
 
 /// The tenants' threads of one server process and their priorities.
@@ -105,9 +141,43 @@ impl Priorities {
         Self::scaled(scale)
     }
 
-    /// Priorities on `scale`.
+    /// Priorities on `scale` (privileged: tenants' runnable threads counted every
+    /// [`RUNNABLE_WINDOW`] by a thread of its own while these priorities are in use).
     pub fn scaled(scale: Scale) -> Arc<Self> {
+        let p = Self::counted_by_hand(scale);
+        if p.privileged() {
+            let weak = Arc::downgrade(&p);
+            let spawned =
+                std::thread::Builder::new().name("weir-cpu-shares".into()).spawn(move || count_runnable(weak));
+            if let Err(e) = spawned {
+                tracing::warn!("tenants' CPU priorities follow their thread counts only: {e}");
+            }
+        }
+        p
+    }
+
+    /// Priorities on `scale` whose runnable threads are counted only by [`Self::recount`].
+    fn counted_by_hand(scale: Scale) -> Arc<Self> {
         Arc::new(Priorities { scale, tenants: Mutex::default() })
+    }
+
+    /// Privileged: counts each tenant's runnable threads over the `elapsed` since the last
+    /// count, and re-nices them.
+    fn recount(&self, elapsed: Duration) {
+        let window = elapsed.as_nanos().max(1) as f64;
+        for t in self.lock().values_mut() {
+            let mut runnable = 0.0;
+            for (tid, m) in t.threads.iter_mut() {
+                let now = runnable_ns(*tid);
+                runnable += match (m.seen, now) {
+                    (Some(before), Some(now)) => now.saturating_sub(before) as f64 / window,
+                    _ => 1.0,
+                };
+                m.seen = now;
+            }
+            t.runnable = runnable;
+            self.renice(t);
+        }
     }
 
     /// Whether priorities are on the privileged scale (for the server's log).
@@ -128,9 +198,10 @@ impl Priorities {
         let floor = if floor > 0 { floor } else { -20 };
         let mut tenants = self.lock();
         let t = tenants.get_mut(tenant).ok_or_else(|| std::io::Error::other(format!("no tenant `{tenant}`")))?;
-        t.threads.insert(tid, (floor, current_nice()));
+        t.threads.insert(tid, Member { floor, applied: current_nice(), seen: runnable_ns(tid) });
+        t.runnable += 1.0;
         self.renice(t);
-        let applied = t.threads.get(&tid).map(|&(_, nice)| nice);
+        let applied = t.threads.get(&tid).map(|m| m.applied);
         drop(tenants);
         match applied {
             Some(nice) if nice >= self.nice(tenant, floor) => {
@@ -145,20 +216,23 @@ impl Priorities {
     pub fn charge_process(&self, tenant: &str, pid: u32) {
         let tenants = self.lock();
         if let Some(t) = tenants.get(tenant) {
-            let nice = self.scale.nice_for(t.weight, t.threads.len() + 1);
+            let nice = self.scale.nice_for_count(t.weight, t.count(self.privileged()) + 1.0);
             set_nice(pid as Tid, nice);
         }
     }
 
     /// The nice a member of `tenant` has now (tests and logs).
     fn nice(&self, tenant: &str, floor: i32) -> i32 {
-        self.lock().get(tenant).map_or(floor, |t| self.scale.nice_for(t.weight, t.threads.len()).max(floor))
+        self.lock()
+            .get(tenant)
+            .map_or(floor, |t| self.scale.nice_for_count(t.weight, t.count(self.privileged())).max(floor))
     }
 
     fn leave(&self, tenant: &str, tid: Tid) {
         let mut tenants = self.lock();
         if let Some(t) = tenants.get_mut(tenant) {
             t.threads.remove(&tid);
+            t.runnable = t.runnable.min(t.threads.len() as f64);
             self.renice(t);
         }
     }
@@ -166,11 +240,11 @@ impl Priorities {
     /// Gives every member of `t` the nice of its count (a raise the kernel refuses is kept
     /// as it was: it is tried again at the next change).
     fn renice(&self, t: &mut Tenant) {
-        let nice = self.scale.nice_for(t.weight, t.threads.len());
-        for (tid, (floor, applied)) in t.threads.iter_mut() {
-            let want = nice.max(*floor);
-            if want != *applied && set_nice(*tid, want) {
-                *applied = want;
+        let nice = self.scale.nice_for_count(t.weight, t.count(self.privileged()));
+        for (tid, m) in t.threads.iter_mut() {
+            let want = nice.max(m.floor);
+            if want != m.applied && set_nice(*tid, want) {
+                m.applied = want;
             }
         }
     }
@@ -186,6 +260,25 @@ impl Drop for Membership {
             p.leave(&tenant, tid);
         }
     }
+}
+
+/// The sampling thread: recounts every [`RUNNABLE_WINDOW`] until the priorities are dropped.
+fn count_runnable(p: Weak<Priorities>) {
+    let mut last = Instant::now();
+    loop {
+        std::thread::sleep(RUNNABLE_WINDOW);
+        let Some(p) = p.upgrade() else { return };
+        p.recount(last.elapsed());
+        last = Instant::now();
+    }
+}
+
+/// Time thread `tid` of this process spent running or waiting for a core, ns (its
+/// `schedstat`), if the kernel tells.
+fn runnable_ns(tid: Tid) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let mut f = s.split_whitespace().map(|v| v.parse::<u64>().ok());
+    Some(f.next()??.saturating_add(f.next()??))
 }
 
 fn gettid() -> Tid {
@@ -289,7 +382,7 @@ mod tests {
     /// Real threads of this process: joining and leaving re-nices the other members.
     #[test]
     fn members_are_reniced_when_their_tenant_gains_or_loses_a_thread() {
-        let p = Priorities::scaled(Scale::unprivileged(100, current_nice()));
+        let p = Priorities::counted_by_hand(Scale::unprivileged(100, current_nice()));
         p.tenant("acme", 100);
         let (tx, rx) = std::sync::mpsc::channel();
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
@@ -323,7 +416,7 @@ mod tests {
     /// lets this process raise priorities; elsewhere the join says it could not).
     #[test]
     fn privileged_members_go_above_nice_zero_unless_demoted() {
-        let p = Priorities::scaled(Scale::privileged(16 * 1024, 100));
+        let p = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 100));
         p.tenant("acme", 100);
         let raised = std::thread::spawn(move || {
             let privileged = may_raise(current_nice());
@@ -343,6 +436,49 @@ mod tests {
             }
             (false, nice, ..) => assert_eq!(nice, current_nice()),
         }
+    }
+
+    /// Privileged, a tenant's weight goes to the threads that run: one spinning member and
+    /// three parked ones count as one, so the spinning one gets the tenant's whole part; once
+    /// the spinning one leaves, the parked ones count as one together.
+    #[test]
+    fn privileged_a_tenants_weight_follows_its_runnable_threads() {
+        let p = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 200));
+        p.tenant("acme", 100);
+        let parked: Vec<_> = (0..3).map(|_| p.join_current_thread_on_new_thread("acme")).collect();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spin = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let m = p.join_current_thread("acme", 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                drop(m);
+            })
+        };
+        while p.lock()["acme"].threads.len() < 4 {
+            std::thread::yield_now();
+        }
+        let privileged = may_raise(current_nice());
+        assert_eq!(p.nice("acme", -20), p.scale.nice_for(100, 4), "joined threads count as runnable");
+        p.recount(Duration::ZERO); // a first sample of each
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(200));
+        p.recount(t0.elapsed());
+        let runnable = p.lock()["acme"].runnable;
+        // The spinning thread ran or waited for a core all the time, whatever the machine.
+        assert!((0.9..1.6).contains(&runnable), "runnable {runnable}");
+        if privileged {
+            assert_eq!(thread_nice(parked[0].1), p.scale.nice_for(100, 1), "8192 for the one that runs");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spin.join().unwrap();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(50));
+        p.recount(t0.elapsed());
+        assert_eq!(p.lock()["acme"].count(true), 1.0, "parked threads count as one together");
+        drop(parked);
     }
 
     /// A thread that joins and parks until its handle is dropped.
