@@ -630,24 +630,16 @@ fn weir_serve_by(dir: &Path, toml: &str, mut weir: std::process::Command) -> Ser
 /// CPU ticks (user + system) of each thread of process `pid` whose name starts with `prefix`,
 /// by thread id.
 fn cpu_ticks(pid: u32, prefix: &str) -> std::collections::HashMap<String, u64> {
-    let mut out = std::collections::HashMap::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
-    for t in tasks.flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with(prefix) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // Fields after the `(comm)`: state is field 3, utime 14 and stime 15.
-        let Some(after) = stat.rsplit_once(')').map(|(_, a)| a) else { continue };
-        let f: Vec<u64> = after.split_whitespace().skip(11).take(2).filter_map(|v| v.parse().ok()).collect();
-        out.insert(t.file_name().to_string_lossy().into_owned(), f.iter().sum());
-    }
-    out
+    // Fields after the `(comm)`: state is field 3, utime 14 and stime 15.
+    thread_stats(pid, prefix)
+        .into_iter()
+        .map(|(tid, f)| (tid, f.iter().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum()))
+        .collect()
 }
 
-/// The nice of each thread of process `pid` whose name starts with `prefix`.
-fn thread_nices(pid: u32, prefix: &str) -> Vec<i64> {
+/// The fields of `/proc/<pid>/task/<tid>/stat` after the thread's `(comm)`, of each thread
+/// of process `pid` whose name starts with `prefix`, with its id.
+fn thread_stats(pid: u32, prefix: &str) -> Vec<(String, Vec<String>)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     let mut out = Vec::new();
     for t in tasks.flatten() {
@@ -655,12 +647,20 @@ fn thread_nices(pid: u32, prefix: &str) -> Vec<i64> {
             continue;
         }
         let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // Fields after the `(comm)`: state is field 3, nice field 19.
-        if let Some(n) = stat.rsplit_once(')').and_then(|(_, a)| a.split_whitespace().nth(16)?.parse().ok()) {
-            out.push(n);
+        if let Some((_, after)) = stat.rsplit_once(')') {
+            out.push((
+                t.file_name().to_string_lossy().into_owned(),
+                after.split_whitespace().map(String::from).collect(),
+            ));
         }
     }
     out
+}
+
+/// The nice of each thread of process `pid` whose name starts with `prefix`.
+fn thread_nices(pid: u32, prefix: &str) -> Vec<i64> {
+    // Fields after the `(comm)`: state is field 3, nice field 19.
+    thread_stats(pid, prefix).into_iter().filter_map(|(_, f)| f.get(16)?.parse().ok()).collect()
 }
 
 /// Adds to `total` what each thread ran since `last` (threads that came and went included,
