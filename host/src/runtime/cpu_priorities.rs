@@ -7,25 +7,39 @@
 //! weight is closest to `part / n`, so a tenant's threads weigh about its `cpu_weight`
 //! together however many there are. Whenever a tenant's thread count changes, its threads are
 //! re-niced. Two scales ([`Scale`]):
-//! - **privileged** (`CAP_SYS_NICE`, found by trying): the tenants together weigh as much as
-//!   [`super::cpu_shares::SERVER_SHARES`] (16 busy threads at nice 0, as the server's cgroup
-//!   does), split by `cpu_weight`; priorities go up and down as counts change. Here a
-//!   tenant's count is not its threads but how many of them were runnable on average
-//!   ([`RUNNABLE_WINDOW`], from each thread's `schedstat`: time running plus time waiting for
-//!   a core), at least one: a pipeline whose threads wait on each other gets its whole part,
-//!   as in a cgroup, and a thread that only sleeps weighs nothing.
-//! - **unprivileged**: priorities only go down from the process's own, so the heaviest
-//!   tenant's single thread runs at the process's nice, the rest below it; a priority the
-//!   kernel will not raise back stays low until the tenant's next thread starts.
+//! Both scales are anchored at the server's own nice (`base`, what it was started with), so
+//! an operator who runs the server at nice 5 gets tenants that weigh as a nice-5 process's
+//! threads would.
+//! - **privileged** (`CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows nice -20; found by
+//!   trying): the tenants together weigh as much as [`super::cpu_shares::SERVER_SHARES`]
+//!   (16 busy threads at `base`, as the server's cgroup does), split by `cpu_weight`;
+//!   priorities go up and down as counts change. Here a tenant's count is not its threads but
+//!   how many of them were runnable on average ([`RUNNABLE_WINDOW`], from each thread's
+//!   `schedstat`: time running plus time waiting for a core), at least one: a pipeline whose
+//!   threads wait on each other gets its whole part, as in a cgroup, and a thread that only
+//!   sleeps weighs nothing. The count rises at once (a joining thread counts as runnable
+//!   until it has been watched for a whole window) but falls by at most one thread per window
+//!   ([`smoothed`]): a tenant that idles its threads to be counted low, then wakes them all,
+//!   gets more than its part only until the next count, after idling at least as many windows
+//!   as the extra threads it woke, so on average it never gets more than its part.
+//! - **unprivileged**: priorities only go down from `base`, so the heaviest tenant's single
+//!   thread runs at `base`, the rest below it; a priority the kernel will not raise back
+//!   stays where it is until the tenant's count changes again.
+//!
+//! Compiler child processes are charged as one more thread of their tenant, never above
+//! `base`. On Linux a thread's nice also sets its I/O priority under the BFQ and CFQ disk
+//! schedulers (the "best effort" class follows nice), so tenants' disk reads are weighted
+//! roughly as their CPU is.
 //!
 //! Limits, against a cgroup: a tenant whose threads reach nice 19 (about 70 threads per share
 //! unprivileged) weighs more with each further one, and nothing caps a tenant
 //! (`max_cpu_cores` needs the cgroup).
 //!
-//! Invariant: the tenant's count never goes below one thread nor above its members, so no
+//! Invariants: the tenant's count never goes below one thread nor above its members, so no
 //! tenant's threads weigh more than its part while all are busy; a thread is re-niced only
-//! while it is a member (it leaves before it ends, so a
-//! recycled thread id is never touched).
+//! while it is a member (it leaves before it ends, so a recycled thread id is never touched).
+//! A member thread must not start threads of its own: they would inherit its nice, raised
+//! above `base` where privileged, without being counted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -47,19 +61,31 @@ pub struct Scale {
     per_weight: f64,
     /// The highest priority (lowest nice) a thread may get.
     lowest: i32,
+    /// The server's own nice, which the scale is anchored at.
+    base: i32,
+    /// Whether priorities may go above `base`, and follow runnable threads.
+    privileged: bool,
+}
+
+/// The kernel's weight of `nice` (clamped to -20..=19).
+fn weight_of(nice: i32) -> f64 {
+    f64::from(WEIGHTS[(nice.clamp(-20, 19) + 20) as usize])
 }
 
 impl Scale {
-    /// With `CAP_SYS_NICE`: the tenants (weights summing to `total_weight`) weigh `shares`
-    /// together.
-    pub fn privileged(shares: u64, total_weight: u64) -> Self {
-        Scale { per_weight: shares as f64 / total_weight.max(1) as f64, lowest: -20 }
+    /// With `CAP_SYS_NICE`: the tenants (weights summing to `total_weight`) weigh together as
+    /// much as `shares` (in threads at nice 0) would at the process's nice, `base`.
+    pub fn privileged(shares: u64, total_weight: u64, base: i32) -> Self {
+        let base = base.clamp(-20, 19);
+        let shares = shares as f64 * weight_of(base) / weight_of(0);
+        Scale { per_weight: shares / total_weight.max(1) as f64, lowest: -20, base, privileged: true }
     }
 
     /// Without it: the heaviest tenant (`max_weight`) weighs one thread at the process's nice,
     /// `base`; no thread goes above it.
     pub fn unprivileged(max_weight: u32, base: i32) -> Self {
-        Scale { per_weight: 1024.0 / f64::from(max_weight.max(1)), lowest: base.clamp(-20, 19) }
+        let base = base.clamp(-20, 19);
+        Scale { per_weight: weight_of(base) / f64::from(max_weight.max(1)), lowest: base, base, privileged: false }
     }
 
     /// The nice that gives one of `threads` threads of a tenant weighted `weight` its part
@@ -72,9 +98,15 @@ impl Scale {
     /// average); below one counts as one.
     pub fn nice_for_count(&self, weight: u32, threads: f64) -> i32 {
         let target = self.per_weight * f64::from(weight.max(1)) / threads.max(1.0);
-        let step = |nice: i32| (f64::from(WEIGHTS[(nice + 20) as usize]) / target).ln().abs();
+        let step = |nice: i32| (weight_of(nice) / target).ln().abs();
         (self.lowest..=19).min_by(|a, b| step(*a).total_cmp(&step(*b))).unwrap_or(19)
     }
+}
+
+/// A tenant's count of runnable threads after a window in which `sample` were runnable on
+/// average, when it was `prev`: up at once, down by at most one thread (pure).
+pub fn smoothed(prev: f64, sample: f64) -> f64 {
+    sample.max(prev - 1.0)
 }
 
 /// A thread id (Linux `gettid`).
@@ -85,7 +117,7 @@ struct Tenant {
     weight: u32,
     threads: HashMap<Tid, Member>,
     /// Privileged: its threads runnable on average over the last window (a thread that
-    /// joined since counts as one).
+    /// joined since counts as one), [`smoothed`].
     runnable: f64,
 }
 
@@ -95,7 +127,8 @@ struct Member {
     floor: i32,
     /// The nice it has.
     applied: i32,
-    /// Its `schedstat` time running plus waiting, ns, at the last count.
+    /// Its `schedstat` time running plus waiting, ns, at the last count (none before its first:
+    /// it counts as runnable until watched for a whole window).
     seen: Option<u64>,
 }
 
@@ -134,7 +167,7 @@ impl Priorities {
     pub fn new(weights: &[u32], shares: u64) -> Arc<Self> {
         let base = current_nice();
         let scale = if may_raise(base) {
-            Scale::privileged(shares, weights.iter().map(|&w| u64::from(w)).sum())
+            Scale::privileged(shares, weights.iter().map(|&w| u64::from(w)).sum(), base)
         } else {
             Scale::unprivileged(weights.iter().copied().max().unwrap_or(1), base)
         };
@@ -179,14 +212,14 @@ impl Priorities {
                 };
                 m.seen = now;
             }
-            t.runnable = runnable;
+            t.runnable = smoothed(t.runnable, runnable);
             self.renice(t);
         }
     }
 
     /// Whether priorities are on the privileged scale (for the server's log).
     pub fn privileged(&self) -> bool {
-        self.scale.lowest == -20
+        self.scale.privileged
     }
 
     /// Records `tenant` and its weight.
@@ -202,7 +235,7 @@ impl Priorities {
         let floor = if floor > 0 { floor } else { -20 };
         let mut tenants = self.lock();
         let t = tenants.get_mut(tenant).ok_or_else(|| std::io::Error::other(format!("no tenant `{tenant}`")))?;
-        t.threads.insert(tid, Member { floor, applied: current_nice(), seen: runnable_ns(tid) });
+        t.threads.insert(tid, Member { floor, applied: current_nice(), seen: None });
         t.runnable += 1.0;
         let nice = self.renice(t);
         let applied = t.threads.get(&tid).map_or(nice, |m| m.applied);
@@ -217,12 +250,13 @@ impl Priorities {
     }
 
     /// Lowers the priority of process `pid` (a compiler child of `tenant`) to what one more
-    /// thread of the tenant would get.
+    /// thread of the tenant would get, never above the server's own (the child is not
+    /// counted among the tenant's threads, so it must not weigh more than one of the server's).
     pub fn charge_process(&self, tenant: &str, pid: u32) {
         let tenants = self.lock();
         if let Some(t) = tenants.get(tenant) {
             let nice = self.scale.nice_for_count(t.weight, t.count(self.privileged()) + 1.0);
-            set_nice(pid as Tid, nice);
+            set_nice(pid as Tid, nice.max(self.scale.base));
         }
     }
 
@@ -277,7 +311,9 @@ fn count_runnable(p: Weak<Priorities>) {
 fn runnable_ns(tid: Tid) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
     let mut f = s.split_whitespace().map(|v| v.parse::<u64>().ok());
-    Some(f.next()??.saturating_add(f.next()??))
+    // A kernel without schedstats shows zeros: then nothing is known, and every member counts
+    // (a zero would count none, and give each thread the tenant's whole part).
+    Some(f.next()??.saturating_add(f.next()??)).filter(|&ns| ns > 0)
 }
 
 fn gettid() -> Tid {
@@ -288,9 +324,11 @@ fn gettid() -> Tid {
     0
 }
 
-/// Whether the calling thread may go above `base` (tried, then put back).
+/// Whether the calling thread may go as high as nice -20 (`CAP_SYS_NICE`, or an
+/// `RLIMIT_NICE` of 40), tried and then put back to `base`; a process that may raise only
+/// part of the way is unprivileged.
 fn may_raise(base: i32) -> bool {
-    if base <= -20 || !set_nice(0, base - 1) {
+    if !set_nice(0, -20) {
         return false;
     }
     set_nice(0, base);
@@ -344,36 +382,80 @@ mod tests {
         assert_eq!(nice_for(100, 100, 0, 0), 0, "no threads counts as one");
     }
 
+    /// A server started at nice 5 weighs its tenants' threads as a nice-5 process's: the
+    /// heaviest tenant's one thread at 5, three threads a third of that each.
     #[test]
-    fn unprivileged_priorities_never_go_above_the_process_own() {
+    fn unprivileged_priorities_are_anchored_at_the_process_own_and_never_above_it() {
         assert_eq!(nice_for(100, 100, 1, 5), 5);
-        assert_eq!(nice_for(100, 100, 3, 5), 5);
-        assert_eq!(nice_for(100, 100, 8, 5), 9);
+        assert_eq!(nice_for(100, 100, 3, 5), 10, "335 / 3 = 112 ~ nice 10 (110)");
+        assert_eq!(nice_for(100, 100, 8, 5), 14, "335 / 8 = 42 ~ nice 14 (45)");
+        assert_eq!(nice_for(50, 100, 1, 5), 8, "half the weight: 168 ~ nice 8 (172)");
         assert_eq!(nice_for(100, 100, 1, 19), 19);
-        assert_eq!(nice_for(100, 100, 1, -20), 0);
+        assert_eq!(nice_for(100, 100, 3, 19), 19, "never above the process's own");
+        assert_eq!(nice_for(100, 100, 1, -20), -20);
+        assert_eq!(nice_for(100, 100, 1, -40), -20, "a base out of range is clamped");
     }
 
     /// Privileged, two tenants of equal weight weigh 8 busy threads each, whatever their count.
     #[test]
     fn privileged_tenants_together_weigh_the_servers_shares() {
-        let s = Scale::privileged(16 * 1024, 200);
+        let s = Scale::privileged(16 * 1024, 200, 0);
         assert_eq!(s.nice_for(100, 1), -9, "8192 ~ nice -9 (7620)");
         assert_eq!(s.nice_for(100, 4), -3, "2048 ~ nice -3 (1991)");
         assert_eq!(s.nice_for(100, 10), 1, "819 ~ nice 1 (820)");
         assert_eq!(s.nice_for(100, 100_000), 19);
+        let at5 = Scale::privileged(16 * 1024, 200, 5);
+        assert_eq!(at5.nice_for(100, 1), -4, "8 threads at nice 5: 2680 ~ nice -4 (2501)");
+        assert_eq!(at5.nice_for(100, 8), 5, "one thread at nice 5 each");
     }
 
     /// Whatever the count, a tenant's threads together weigh close to its share.
     #[test]
     fn threads_together_weigh_about_the_tenants_share() {
-        for (scale, part) in [(Scale::unprivileged(100, 0), 1024.0), (Scale::privileged(16 * 1024, 200), 8192.0)] {
-            for threads in 1..=60 {
-                let nice = scale.nice_for(100, threads);
-                let total = f64::from(WEIGHTS[(nice + 20) as usize]) * threads as f64;
-                assert!(
-                    (0.85..=1.18).contains(&(total / part)),
-                    "{scale:?}: {threads} threads at nice {nice}: {total}"
-                );
+        for base in [0, 5] {
+            let one = weight_of(base);
+            let scales = [(Scale::unprivileged(100, base), one), (Scale::privileged(16 * 1024, 200, base), 8.0 * one)];
+            for (scale, part) in scales {
+                // Until the threads reach nice 19 (the documented limit: each further one adds).
+                for threads in 1..=60 {
+                    let nice = scale.nice_for(100, threads);
+                    if nice == 19 {
+                        assert!(threads > 15, "{scale:?}: nice 19 already at {threads} threads");
+                        break;
+                    }
+                    let total = weight_of(nice) * threads as f64;
+                    assert!(
+                        (0.85..=1.18).contains(&(total / part)),
+                        "{scale:?}: {threads} threads at nice {nice}: {total}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_tenants_count_rises_at_once_and_falls_by_one_thread_per_window() {
+        assert_eq!(smoothed(2.0, 7.5), 7.5);
+        assert_eq!(smoothed(8.0, 0.0), 7.0);
+        assert_eq!(smoothed(8.0, 7.6), 7.6);
+        assert_eq!(smoothed(0.5, 0.0), 0.0);
+    }
+
+    /// A tenant whose `n` threads idle for `k` windows to be counted low, then all wake for
+    /// one window, gets at most its part on average over those windows: the count fell to
+    /// `n - k` at most, so the burst weighs `n / (n - k)` parts, for one window in `k + 1`.
+    #[test]
+    fn idling_to_be_counted_low_then_bursting_gains_nothing_on_average() {
+        for n in 1..=64u32 {
+            for k in 0..=200u32 {
+                let mut runnable = f64::from(n);
+                for _ in 0..k {
+                    runnable = smoothed(runnable, 0.0);
+                }
+                let count = runnable.clamp(1.0, f64::from(n));
+                let burst = f64::from(n) / count;
+                let average = burst / f64::from(k + 1);
+                assert!(average <= 1.0 + 1e-9, "{n} threads idle for {k} windows: {average} parts");
             }
         }
     }
@@ -415,7 +497,8 @@ mod tests {
     /// lets this process raise priorities; elsewhere it keeps its nice, still a member).
     #[test]
     fn privileged_members_go_above_nice_zero_unless_demoted() {
-        let p = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 100));
+        let base = current_nice();
+        let p = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 100, base));
         p.tenant("acme", 100);
         let raised = std::thread::spawn(move || {
             let privileged = may_raise(current_nice());
@@ -430,7 +513,11 @@ mod tests {
         .unwrap();
         match raised {
             (true, nice, alone, demoted) => {
-                assert_eq!((nice, alone), (-12, -12), "16384 ~ nice -12 (14949)");
+                assert_eq!(nice, alone);
+                if base == 0 {
+                    assert_eq!(alone, -12, "16384 ~ nice -12 (14949)");
+                }
+                assert!(alone < base);
                 assert_eq!(demoted, Some(15));
             }
             (false, nice, ..) => assert_eq!(nice, current_nice()),
@@ -442,7 +529,7 @@ mod tests {
     /// the spinning one leaves, the parked ones count as one together.
     #[test]
     fn privileged_a_tenants_weight_follows_its_runnable_threads() {
-        let p = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 200));
+        let p = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 200, current_nice()));
         p.tenant("acme", 100);
         let parked: Vec<_> = (0..3).map(|_| p.join_current_thread_on_new_thread("acme")).collect();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -461,21 +548,31 @@ mod tests {
         }
         let privileged = may_raise(current_nice());
         assert_eq!(p.lock()["acme"].count(true), 4.0, "joined threads count as runnable");
-        p.recount(Duration::ZERO); // a first sample of each
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_millis(200));
-        p.recount(t0.elapsed());
+        p.recount(Duration::ZERO); // a first sample of each, still counted as runnable
+        assert_eq!(p.lock()["acme"].count(true), 4.0, "not yet watched for a window");
+        // Three windows: the count falls by one thread each.
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_millis(100));
+            p.recount(t0.elapsed());
+        }
         let runnable = p.lock()["acme"].runnable;
-        // The spinning thread ran or waited for a core all the time, whatever the machine.
-        assert!((0.9..1.6).contains(&runnable), "runnable {runnable}");
+        // The spinning thread ran or waited for a core all the time, whatever the machine (its
+        // counters are updated at ticks and when it is scheduled, so a window's sample may be
+        // off by a tick or two); the parked ones not at all.
+        assert!((0.5..2.5).contains(&runnable), "runnable {runnable}");
         if privileged {
-            assert_eq!(thread_nice(parked[0].1), p.scale.nice_for(100, 1), "8192 for the one that runs");
+            let count = p.lock()["acme"].count(true);
+            assert_eq!(thread_nice(parked[0].1), p.scale.nice_for_count(100, count));
+            assert!(thread_nice(parked[0].1) < p.scale.nice_for(100, 4), "more than a quarter each");
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         spin.join().unwrap();
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_millis(50));
-        p.recount(t0.elapsed());
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_millis(50));
+            p.recount(t0.elapsed());
+        }
         assert_eq!(p.lock()["acme"].count(true), 1.0, "parked threads count as one together");
         drop(parked);
     }

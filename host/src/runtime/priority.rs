@@ -2,7 +2,8 @@
 //! with its subtask threads at a lower OS priority (nice), so a tenant that spins until its
 //! deadline, restart after restart, yields the cores to well-behaved jobs first.
 //!
-//! Invariant: only ever lowers priority (raising needs privileges and is never wanted).
+//! Invariant: only ever lowers priority. (Raising, where the server may, is
+//! [`super::cpu_priorities`]'s alone; a demoted thread's nice is a floor it respects.)
 
 /// Nice value of the threads of a job that breached its CPU limit.
 pub const DEMOTED_NICE: i32 = 15;

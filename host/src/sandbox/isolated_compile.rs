@@ -61,13 +61,21 @@ pub fn installed() -> Option<&'static Isolation> {
 /// the tenant's cgroup, or lowers its priority).
 pub type Charge = std::sync::Arc<dyn Fn(u32) + Send + Sync>;
 
+/// The charge in force before, put back when dropped (also when `f` panics).
+struct Restore(Option<Charge>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let old = self.0.take();
+        CHARGE_TO.with(|c| *c.borrow_mut() = old);
+    }
+}
+
 /// Runs `f` with the compilations it starts on this thread charged to a tenant's CPU share:
 /// `charge` is called with each child process's pid.
 pub fn charged_to<R>(charge: Option<Charge>, f: impl FnOnce() -> R) -> R {
-    let old = CHARGE_TO.with(|c| c.replace(charge));
-    let r = f();
-    CHARGE_TO.with(|c| *c.borrow_mut() = old);
-    r
+    let _restore = Restore(CHARGE_TO.with(|c| c.replace(charge)));
+    f()
 }
 
 impl Isolation {
@@ -168,6 +176,18 @@ pub fn child_main(engine: EngineOptions) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use crate::sandbox::engine::{EngineOptions, engine_with};
+
+    /// A compilation that panics under a tenant's charge does not leave the thread charging
+    /// the next tenant's compilations to it.
+    #[test]
+    fn a_charge_is_put_back_when_its_compilation_panics() {
+        let charge: super::Charge = std::sync::Arc::new(|_| {});
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::charged_to(Some(charge), || panic!("bad component"))
+        }));
+        assert!(panicked.is_err());
+        assert!(super::CHARGE_TO.with(|c| c.borrow().is_none()), "the charge outlived its compilation");
+    }
 
     /// The child compiles on an engine without the pooling allocator; the server runs one
     /// with it. The artifact must load there (if a wasmtime upgrade changes that, this fails
