@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The wordcount job over a highly-available cluster on this machine, with failures: starts etcd
 # (Debian's etcd-server) and an S3-protocol server (moto, in a virtualenv), two coordinators of
-# one cluster (a leader and a standby) and three one-slot workers, all on loopback with a fresh
-# cluster secret. Once a checkpoint is complete it kills a worker with SIGKILL (and starts a
+# one cluster (a leader and a standby) and three one-slot workers that find the leader in etcd,
+# all on loopback with a fresh cluster secret. Once a checkpoint is complete it kills a worker with SIGKILL (and starts a
 # replacement); once the restarted job's next checkpoint is recorded in etcd it kills the leader
 # with SIGKILL, so the standby takes the job over. Checks out/ against expected/ and exits
 # non-zero when it differs or when the job ended before both kills.
@@ -96,7 +96,7 @@ coordinator "$b" c2
 c2=${pids[-1]}
 await "standby" grep -q "standby" "$tmp/c2.log"
 worker() {
-    "$weir" worker --coordinator "$a,$b" --name "$1" --slots 1 --secret-file "$tmp/secret" --dir "$tmp/$1" \
+    "$weir" worker --etcd "http://127.0.0.1:$etcd_port" --cluster example --name "$1" --slots 1 --secret-file "$tmp/secret" --dir "$tmp/$1" \
         2>> "$tmp/$1.log" &
     pids+=($!)
 }

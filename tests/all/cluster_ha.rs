@@ -50,10 +50,22 @@ fn worker(coordinators: &str, secret: &Path, name: &str, home: &Path) -> Child {
     worker_env(coordinators, secret, name, home, &[])
 }
 
+/// A worker of cluster `ha` that reads the leader's address from etcd (`--etcd`), not a list.
+fn worker_by_etcd(etcd: &Etcd, secret: &Path, name: &str, home: &Path) -> Child {
+    worker_env(&format!("--etcd={}", etcd.endpoint()), secret, name, home, &[])
+}
+
+/// `coordinators`: a comma-separated list, or `--etcd=URL` (then of cluster `ha`).
 fn worker_env(coordinators: &str, secret: &Path, name: &str, home: &Path, env: &[(&str, String)]) -> Child {
+    let find: Vec<&str> = match coordinators.strip_prefix("--etcd=") {
+        Some(etcd) => vec!["--etcd", etcd, "--cluster", "ha"],
+        None => vec!["--coordinator", coordinators],
+    };
     weir()
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .args(["worker", "--coordinator", coordinators, "--name", name, "--slots", "1", "--secret-file"])
+        .arg("worker")
+        .args(find)
+        .args(["--name", name, "--slots", "1", "--secret-file"])
         .arg(secret)
         .arg("--dir")
         .arg(home.join(name))
@@ -76,8 +88,10 @@ fn exit_code(child: &mut Child, log: &Arc<Mutex<String>>) -> i32 {
     }
 }
 
-/// A leader (c1) and a standby (c2) of one cluster, two workers following whichever leads,
-/// the wordcount at p=2 running until its first complete checkpoint.
+/// A leader (c1) and a standby (c2) of one cluster, two workers following whichever leads (w1
+/// tries both addresses in turn, w2 reads the leader's from etcd), the wordcount at p=2
+/// running until its first complete checkpoint. The job needs both workers, so a takeover
+/// completes only if each way of finding the new leader works.
 struct Setup {
     etcd: Etcd,
     dir: tempfile::TempDir,
@@ -105,7 +119,7 @@ fn setup(name: &str, seed: u64) -> Setup {
     let mut procs = Procs::default();
     let list = format!("{a},{b}");
     procs.0.push(worker(&list, &secret, "w1", dir.path()));
-    procs.0.push(worker(&list, &secret, "w2", dir.path()));
+    procs.0.push(worker_by_etcd(&etcd, &secret, "w2", dir.path()));
     let mut c1 = c1;
     // The event the test controls: a checkpoint the leader recorded in etcd (published and
     // announced), not merely one whose manifest exists.
@@ -171,17 +185,30 @@ fn cluster_ha_an_unreachable_etcd_is_a_clear_error() {
     let job = job_into(dir.path(), "wc-ha-no-etcd", "type = \"file\"\npath = \"out\"");
     let secret = secret(dir.path());
     let nowhere = format!("http://{}", free_addr());
-    let out = weir()
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--etcd", &nowhere, "--secret-file"])
-        .arg(&secret)
-        .arg(&job)
-        .output()
-        .unwrap();
+    let coordinator = |listen: &str| {
+        weir()
+            .args(["coordinator", "--listen", listen, "--etcd", &nowhere, "--secret-file"])
+            .arg(&secret)
+            .arg(&job)
+            .output()
+            .unwrap()
+    };
+    let out = coordinator(&free_addr().to_string());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("etcd at") && err.contains(&nowhere["http://".len()..]), "{err}");
     assert!(out.stdout.is_empty(), "it must not listen for workers: {}", String::from_utf8_lossy(&out.stdout));
     assert!(!dir.path().join("checkpoints").exists() && !dir.path().join("out").exists());
+    // An address workers could not reach from the leader's value in etcd is refused first.
+    for listen in ["0.0.0.0:7070", "127.0.0.1:0"] {
+        let out = coordinator(listen);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(&format!("--listen {listen} is not an address workers can reach")),
+            "{err}"
+        );
+        assert!(err.contains("--advertise"), "{err}");
+    }
 }
 
 /// Every process of the cluster killed (coordinator and workers, SIGKILL) and the local staging

@@ -11,6 +11,7 @@ use weir::api::client::Client;
 use weir::api::registry;
 use weir::api::server::{Api, ServedJob};
 use weir::checkpoint::storage::{self, CheckpointStore};
+use weir::cluster::discovery::Coordinators;
 use weir::job;
 use weir::logging::LogFormat;
 use weir::runtime::executor::{self, RestoreFrom, RunOptions, human};
@@ -198,6 +199,11 @@ enum Command {
         /// Address workers connect to (printed as `listening on ADDR`).
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
+        /// With --etcd: the HOST:PORT workers reach this coordinator at once it leads (what
+        /// `weir worker --etcd` reads from etcd); default: --listen, which must then name an
+        /// address and port workers can reach (not `0.0.0.0`, not port 0).
+        #[arg(long, requires = "etcd")]
+        advertise: Option<String>,
         /// File holding the cluster secret (else `WEIR_CLUSTER_SECRET`).
         #[arg(long)]
         secret_file: Option<PathBuf>,
@@ -242,9 +248,16 @@ enum Command {
     /// Run subtasks for a coordinator (`weir coordinator`) in a number of slots.
     Worker {
         /// The coordinators' addresses (HOST:PORT), comma-separated (it follows whichever
-        /// leads).
-        #[arg(long)]
-        coordinator: String,
+        /// leads). Or --etcd.
+        #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
+        coordinator: Option<String>,
+        /// Find the leading coordinator in etcd instead (`http://HOST:PORT`, comma-separated):
+        /// the address the leader of --cluster advertised, read again whenever it is lost.
+        #[arg(long, value_delimiter = ',')]
+        etcd: Vec<String>,
+        /// The cluster's name in etcd (with --etcd).
+        #[arg(long, default_value = "weir", requires = "etcd")]
+        cluster: String,
         /// The IP:port peers open channels to, when --listen is `0.0.0.0:PORT`.
         #[arg(long)]
         advertise: Option<String>,
@@ -445,6 +458,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Coordinator {
             job,
             listen,
+            advertise,
             secret_file,
             heartbeat_timeout_ms,
             slot_wait_secs,
@@ -474,14 +488,24 @@ fn real_main(cli: Cli) -> Result<()> {
                 cluster,
                 lease_ttl: Duration::from_secs(lease_ttl_secs),
             });
-            run_coordinator(&job, cfg, ha, restore, allow_non_restored_state, &api)
+            let advertise = match (&ha, advertise) {
+                (None, _) => None,
+                (Some(_), Some(a)) => Some(a),
+                (Some(_), None) => Some(advertised(cfg.listen)?),
+            };
+            run_coordinator(&job, cfg, ha.zip(advertise), restore, allow_non_restored_state, &api)
         }
-        Command::Worker { coordinator, advertise, slots, listen, secret_file, name, dir, tls } => {
+        Command::Worker { coordinator, etcd, cluster, advertise, slots, listen, secret_file, name, dir, tls } => {
             let name = name.unwrap_or_else(|| format!("worker-{}", std::process::id()));
             let engine =
                 new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
             let cfg = weir::cluster::worker::WorkerConfig {
-                coordinators: coordinator.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect(),
+                coordinators: match coordinator {
+                    Some(list) => Coordinators::List(
+                        list.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect(),
+                    ),
+                    None => Coordinators::Etcd { endpoints: etcd, cluster },
+                },
                 advertise: advertise
                     .map(|a| a.parse().with_context(|| format!("--advertise {a}: not an IP:port")))
                     .transpose()?,
@@ -905,12 +929,24 @@ impl Drop for JobApi {
     }
 }
 
-/// `weir coordinator`: with `ha`, first becomes its cluster's leader and takes the job and its
-/// newest checkpoint from etcd (storing the job file given here if etcd has none).
+/// The address a coordinator listening on `listen` advertises in etcd, or why it cannot.
+fn advertised(listen: std::net::SocketAddr) -> Result<String> {
+    if listen.ip().is_unspecified() || listen.port() == 0 {
+        anyhow::bail!(
+            "--listen {listen} is not an address workers can reach: with --etcd, give a fixed port and \
+             --advertise HOST:PORT (the address workers that read the leader from etcd connect to)"
+        );
+    }
+    Ok(listen.to_string())
+}
+
+/// `weir coordinator`: with `ha` (and the address it advertises), first becomes its cluster's
+/// leader and takes the job and its newest checkpoint from etcd (storing the job file given
+/// here if etcd has none).
 fn run_coordinator(
     job: &std::path::Path,
     mut cfg: weir::cluster::coordinator::CoordinatorConfig,
-    ha: Option<weir::cluster::ha::HaConfig>,
+    ha: Option<(weir::cluster::ha::HaConfig, String)>,
     mut restore: Option<String>,
     allow_non_restored_state: bool,
     api: &str,
@@ -919,7 +955,7 @@ fn run_coordinator(
     let text = std::fs::read_to_string(job).with_context(|| format!("reading {}", job.display()))?;
     let mut source = weir::cluster::coordinator::JobSource { path: job.to_path_buf(), text };
     let leader = match ha {
-        Some(h) => Some(std::sync::Arc::new(Leadership::campaign(h, &cfg.listen.to_string())?)),
+        Some((h, advertise)) => Some(std::sync::Arc::new(Leadership::campaign(h, &advertise)?)),
         None => None,
     };
     if let Some(l) = &leader {

@@ -3,7 +3,8 @@
 //! keeps the job it runs and the path of the job's newest complete checkpoint in etcd, so
 //! whichever coordinator is elected next resumes the job from there.
 //!
-//! Keys, under `/weir/<cluster>/`: `leader` (the election), `job` (the job file: path and
+//! Keys, under `/weir/<cluster>/`: `leader` (the election; the leader's value is the address
+//! workers reach it at, which `weir worker --etcd` reads: `discovery.rs`), `job` (the job file: path and
 //! text, JSON), `checkpoint` (the newest complete checkpoint's path or `s3://` URL),
 //! `finished` (present once the job has run to its end).
 //!
@@ -98,6 +99,20 @@ pub struct Leadership {
     valid_until: Arc<AtomicU64>,
 }
 
+/// The etcd election of `cluster`; its leader's value is the address workers reach the
+/// leading coordinator at.
+pub fn election_key(cluster: &str) -> String {
+    format!("/weir/{cluster}/leader")
+}
+
+/// Checks a cluster's name (it prefixes the cluster's keys in etcd).
+pub fn check_cluster_name(cluster: &str) -> Result<(), String> {
+    if cluster.is_empty() || cluster.contains('/') {
+        return Err(format!("--cluster `{cluster}`: give a name without `/` (it prefixes the cluster's keys in etcd)"));
+    }
+    Ok(())
+}
+
 /// Milliseconds on a monotonic clock since the first call.
 fn now_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -109,15 +124,10 @@ pub type SharedLeadership = Arc<Leadership>;
 
 impl Leadership {
     /// Connects to etcd and campaigns until this coordinator leads `cfg.cluster`, announcing
-    /// `me` (its address) as the leader's value. Keeps the lease alive from the start; if it
+    /// `me` (the address workers reach it at, [`election_key`]) as the leader's value. Keeps the lease alive from the start; if it
     /// lapses (also while waiting), the process exits with [`EXIT_DEPOSED`].
     pub fn campaign(cfg: HaConfig, me: &str) -> Result<Leadership, HaError> {
-        if cfg.cluster.is_empty() || cfg.cluster.contains('/') {
-            return Err(HaError::Config(format!(
-                "--cluster `{}`: give a name without `/` (it prefixes the cluster's keys in etcd)",
-                cfg.cluster
-            )));
-        }
+        check_cluster_name(&cfg.cluster).map_err(HaError::Config)?;
         let ttl = cfg.lease_ttl.as_secs().max(2) as i64;
         let rt = io_runtime();
         let endpoints = cfg.endpoints.clone();
@@ -148,7 +158,7 @@ impl Leadership {
             .name("weir-lease-watchdog".into())
             .spawn(move || watchdog(&until, &name))
             .expect("starting the lease watchdog");
-        let election = format!("/weir/{}/leader", cfg.cluster);
+        let election = election_key(&cfg.cluster);
         if let Ok(r) = rt.block_on(within(ask, client.leader(election.clone())))
             && let Some(kv) = r.kv()
         {

@@ -3,9 +3,11 @@
 //! talk over a control connection (`pipe.rs`, `protocol.rs`), and subtasks on different
 //! workers over the data plane (`runtime/net/`). The protocol's decisions are pure state
 //! machines (`roster.rs`, `round.rs` on the coordinator, `follower.rs` on a worker, `lease.rs`
-//! for the leader, the table of state queries in flight in `queries.rs`), run by these shells and by the `cluster_sim_` simulation alike.
+//! for the leader, the table of state queries in flight in `queries.rs`; a worker finds its
+//! coordinator by `discovery.rs`), run by these shells and by the `cluster_sim_` simulation alike.
 
 pub mod coordinator;
+pub mod discovery;
 pub mod follower;
 pub mod ha;
 pub mod lease;

@@ -24,6 +24,7 @@ use wasmtime::Engine;
 
 use crate::checkpoint::mirror;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
+use crate::cluster::discovery::{Coordinators, Discovery};
 use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
 use crate::cluster::protocol::{
@@ -54,9 +55,9 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct WorkerConfig {
     /// Name in logs and errors.
     pub name: String,
-    /// The coordinators' control addresses: the worker registers with whichever leads
-    /// (standbys do not listen), trying them in turn.
-    pub coordinators: Vec<String>,
+    /// Where the coordinators are: the worker registers with whichever leads (standbys do not
+    /// listen), trying a list in turn or asking etcd for the leader.
+    pub coordinators: Coordinators,
     /// The cluster secret.
     pub secret: String,
     /// Mutual TLS with the coordinator and the peers (else plain TCP).
@@ -167,9 +168,7 @@ struct Worker {
 /// goes away.
 pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
     let setup = |message: String| WorkerError::Setup { name: cfg.name.clone(), message };
-    if cfg.coordinators.is_empty() {
-        return Err(setup("give the coordinators' addresses: --coordinator HOST:PORT[,HOST:PORT]".into()));
-    }
+    cfg.coordinators.check().map_err(setup)?;
     std::fs::create_dir_all(cfg.dir.join("components"))
         .map_err(|e| setup(format!("cannot create {}: {e}", cfg.dir.display())))?;
     let inbound = Inbound::bind(cfg.data_listen, &cfg.secret, cfg.tls.clone())
@@ -198,7 +197,19 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         upgrades: HashMap::new(),
     };
     let mut announced = false;
-    for name in w.cfg.coordinators.clone().into_iter().cycle() {
+    let mut discovery = Discovery::new(w.cfg.coordinators.clone());
+    loop {
+        let name = match discovery.next_address() {
+            Ok(name) => name,
+            Err(why) => {
+                if !announced {
+                    tracing::info!("worker `{}`: waiting for a coordinator ({why})", w.cfg.name);
+                    announced = true;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                continue;
+            }
+        };
         // Resolved at every try: a coordinator's name may move (a Kubernetes pod restarted).
         let resolved = name.to_socket_addrs().map(|mut a| a.next());
         let Ok(Some(at)) = resolved else {
@@ -230,7 +241,6 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         w.end_current();
         std::thread::sleep(Duration::from_millis(300));
     }
-    unreachable!("the coordinator list is not empty")
 }
 
 impl Worker {
