@@ -589,6 +589,8 @@ mod front_door {
 pub(crate) struct Serve {
     child: std::process::Child,
     pub(crate) url: String,
+    /// What it logged before it served.
+    startup: Vec<String>,
 }
 
 impl Drop for Serve {
@@ -614,9 +616,10 @@ fn weir_serve_by(dir: &Path, toml: &str, mut weir: std::process::Command) -> Ser
         .spawn()
         .unwrap();
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut serve = Serve { child, url: String::new() };
+    let mut serve = Serve { child, url: String::new(), startup: Vec::new() };
     serve.url = loop {
-        let l = lines.next().expect("weir serve printed its address").unwrap();
+        let l = lines.next().unwrap_or_else(|| panic!("weir serve printed no address: {:?}", serve.startup)).unwrap();
+        serve.startup.push(l.clone());
         // A log line: ` INFO weir serving N tenant(s) at http://ADDR (...)` (or https://).
         if let Some(rest) = l.split_once("weir serving ").and_then(|(_, r)| r.split("at ").nth(1)) {
             break rest.split_whitespace().next().unwrap().to_string();
@@ -700,12 +703,19 @@ fn sandbox_without_a_cpu_cgroup_tenants_share_contended_cpu_by_thread_priorities
 }
 
 /// The same in a server without `CAP_SYS_NICE` (an unprivileged container; here `setpriv`
-/// drops it): priorities only go down from the server's own and follow every thread, not
-/// only those that run. With the victim's operator at parallelism 2, measured 0.55-0.69; with
+/// drops it where the tests have it, and the server is started as it is elsewhere):
+/// priorities only go down from the server's own and follow every thread, not only those
+/// that run. With the victim's operator at parallelism 2, measured 0.55-0.69; with
 /// `cpu_fairness = "off"` 0.26-0.37.
 #[test]
 fn sandbox_an_unprivileged_server_shares_contended_cpu_by_thread_priorities_below_its_own() {
     let base = crate::support::weir();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+    // CAP_SYS_NICE is bit 23: without it the server is unprivileged as it is.
+    if u64::from_str_radix(caps, 16).unwrap() & (1 << 23) == 0 {
+        return tenants_share_contended_cpu("cpu_fairness = \"priorities\"\n", base, (2, 64), 0.45);
+    }
     let mut weir = std::process::Command::new("setpriv");
     weir.args(["--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice"]).arg(base.get_program());
     for (k, v) in base.get_envs() {
@@ -739,6 +749,27 @@ fn sandbox_a_cpu_setting_the_host_cannot_keep_stops_the_server_naming_it() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(says), "{server}: {err}");
     }
+}
+
+/// Nice values stop at 19: a tenant whose `cpu_weight` is a hundredth of another's and may run
+/// 64 threads would weigh far more than its share; the server says so at start, naming it.
+#[test]
+fn sandbox_a_share_thread_priorities_cannot_keep_is_named_at_start() {
+    let d = scratch();
+    let tenant = |name: &str, weight: u32| {
+        format!(
+            "[[tenant]]\nname = \"{name}\"\ntoken = \"{name}-token-0123456789\"\ncpu_weight = {weight}\nmax_subtasks = 64\n"
+        )
+    };
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\ncpu_fairness = \"priorities\"\n{}{}",
+        tenant("light", 100),
+        tenant("heavy", 10_000)
+    );
+    let serve = weir_serve_by(d.path(), &toml, crate::support::weir());
+    let warned: Vec<_> = serve.startup.iter().filter(|l| l.contains("thread priorities keep its threads")).collect();
+    assert_eq!(warned.len(), 1, "{:?}", serve.startup);
+    assert!(warned[0].contains("tenant `light`") && warned[0].contains("max_subtasks = 64"), "{}", warned[0]);
 }
 
 /// Runs the attacker and the victim (its operator's parallelism, its source's keys) on a
@@ -808,11 +839,12 @@ fn tenants_share_contended_cpu(
     }
     let pid = serve.child.id();
     if server.contains("priorities") {
-        // Whether the server may raise priorities (CAP_SYS_NICE, bit 23 of its effective
-        // capabilities: root in a container often lacks it), and its own nice.
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
-        let privileged = u64::from_str_radix(caps, 16).unwrap() & (1 << 23) != 0;
+        // Whether the server may raise priorities (what it found by trying, as it logged at
+        // start: root in a container often lacks CAP_SYS_NICE), and its own nice.
+        let said = serve.startup.iter().find(|l| l.contains("tenants get CPU shares by")).cloned();
+        let said = said.unwrap_or_else(|| panic!("no CPU shares line at start: {:?}", serve.startup));
+        assert!(said.contains("thread priorities"), "{said}");
+        let privileged = !said.contains("no CAP_SYS_NICE");
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         let base: i64 = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(16).unwrap().parse().unwrap();
         // The attacker's threads each weigh less than the victim's (more threads that run, one

@@ -128,6 +128,17 @@ fn cpu_shares(config: &ServerConfig) -> Result<(CpuShares, BTreeMap<String, Arc<
         match cpu.group(&t.name, t.cpu_weight, t.max_cpu_cores) {
             Ok(g) => {
                 groups.insert(t.name.clone(), Arc::new(g));
+                if let Some(x) = cpu.excess(t.cpu_weight, t.max_subtasks).filter(|&x| x > 1.5) {
+                    tracing::warn!(
+                        tenant = %t.name,
+                        "tenant `{}`: with cpu_weight = {} and max_subtasks = {}, thread priorities keep its \
+                         threads to no less than {x:.1}× its CPU share when all are busy (nice 19 is the lowest); \
+                         raise its cpu_weight, lower its max_subtasks, or give the server a CPU cgroup",
+                        t.name,
+                        t.cpu_weight,
+                        t.max_subtasks
+                    );
+                }
             }
             Err(e) if t.max_cpu_cores.is_some() => {
                 return Err(format!(
@@ -342,11 +353,7 @@ impl Api {
 
     /// Runs `f` (which may compile) with its compilations' CPU charged to `tenant`'s group.
     fn charged<R>(&self, tenant: &Tenant, f: impl FnOnce() -> R) -> R {
-        let charge = self
-            .cpu_groups
-            .get(&tenant.name)
-            .cloned()
-            .map(|g| Arc::new(move |pid: u32| g.charge_process(pid)) as crate::sandbox::isolated_compile::Charge);
+        let charge = self.cpu_groups.get(&tenant.name).cloned().map(|g| g as crate::sandbox::isolated_compile::Charge);
         crate::sandbox::isolated_compile::charged_to(charge, f)
     }
 

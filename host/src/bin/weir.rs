@@ -632,6 +632,12 @@ fn real_main(cli: Cli) -> Result<()> {
             let api = Api::hosting(&cfg, engine)
                 .with_context(|| format!("starting the server (data directory {})", cfg.data_dir.display()))?;
             let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
+            match api.cpu_shares_unavailable() {
+                None => tracing::info!("tenants get CPU shares by their cpu_weight: {}", api.cpu_shares()),
+                Some(why) => {
+                    tracing::warn!("tenants do not get CPU shares ({why}); the OS schedules their threads one by one")
+                }
+            }
             tracing::info!(
                 "weir serving {} tenant(s) at {}://{} (data in {}; dashboard at /ui/)",
                 cfg.tenant.len(),
@@ -639,12 +645,6 @@ fn real_main(cli: Cli) -> Result<()> {
                 server.addr,
                 cfg.data_dir.display()
             );
-            match api.cpu_shares_unavailable() {
-                None => tracing::info!("tenants get CPU shares by their cpu_weight: {}", api.cpu_shares()),
-                Some(why) => {
-                    tracing::warn!("tenants do not get CPU shares ({why}); the OS schedules their threads one by one")
-                }
-            }
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }

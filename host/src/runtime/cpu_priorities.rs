@@ -5,41 +5,49 @@
 //! its nice value (1024 at nice 0, ~1.25× less per step). A tenant's part of the server's
 //! weight is spread over the threads its jobs run: each of its `n` threads gets the nice whose
 //! weight is closest to `part / n`, so a tenant's threads weigh about its `cpu_weight`
-//! together however many there are. Whenever a tenant's thread count changes, its threads are
-//! re-niced. Two scales ([`Scale`]):
-//! Both scales are anchored at the server's own nice (`base`, what it was started with), so
-//! an operator who runs the server at nice 5 gets tenants that weigh as a nice-5 process's
-//! threads would.
+//! together however many there are. Whenever a tenant's count changes, its threads are
+//! re-niced. Both scales ([`Scale`]) are anchored at the server's own nice (`base`, what it
+//! was started with), so a server run at nice 5 gives its tenants what a nice-5 process's
+//! threads would get:
 //! - **privileged** (`CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows nice -20; found by
 //!   trying): the tenants together weigh as much as [`super::cpu_shares::SERVER_SHARES`]
 //!   (16 busy threads at `base`, as the server's cgroup does), split by `cpu_weight`;
-//!   priorities go up and down as counts change. Here a tenant's count is not its threads but
-//!   how many of them were runnable on average ([`RUNNABLE_WINDOW`], from each thread's
-//!   `schedstat`: time running plus time waiting for a core), at least one: a pipeline whose
-//!   threads wait on each other gets its whole part, as in a cgroup, and a thread that only
-//!   sleeps weighs nothing. The count rises at once (a joining thread counts as runnable
-//!   until it has been watched for a whole window) but falls by at most one thread per window
-//!   ([`smoothed`]): a tenant that idles its threads to be counted low, then wakes them all,
-//!   gets more than its part only until the next count, after idling at least as many windows
-//!   as the extra threads it woke, so on average it never gets more than its part.
+//!   priorities go up (as far as nice -20, ahead of other processes on the host) and down as
+//!   counts change. Here a tenant's count is not its threads but how many of them were
+//!   runnable on average ([`RUNNABLE_WINDOW`], from each thread's `schedstat`: time running
+//!   plus time waiting for a core), at least one: a pipeline whose threads wait on each other
+//!   gets its whole part, as in a cgroup, and a thread that only sleeps weighs nothing. A
+//!   thread that joins counts as runnable at once (until it has been watched for a whole
+//!   window); threads that wake are seen at the next count; the count falls by at most one
+//!   thread per window ([`smoothed`]). A tenant that idles its threads to be counted low and
+//!   then wakes them all weighs more than its part only until the next count, after idling
+//!   at least as many windows as the extra threads it woke: it cannot get more CPU that way
+//!   than by keeping them busy.
 //! - **unprivileged**: priorities only go down from `base`, so the heaviest tenant's single
-//!   thread runs at `base`, the rest below it; a priority the kernel will not raise back
-//!   stays where it is until the tenant's count changes again.
+//!   thread runs at `base`, the rest below it. The soft `RLIMIT_NICE` is raised to its hard
+//!   limit at start; beyond what it allows (nothing, by default) a thread lowered while its
+//!   tenant ran more threads stays low until it ends (its job's next attempt starts afresh),
+//!   so a tenant can weigh less than its part, never more.
 //!
-//! Compiler child processes are charged as one more thread of their tenant, never above
+//! Compiler child processes start (before they run anything, so every compile thread has it)
+//! at the nice of as many more threads of their tenant as there are cores, never above
 //! `base`. On Linux a thread's nice also sets its I/O priority under the BFQ and CFQ disk
 //! schedulers (the "best effort" class follows nice), so tenants' disk reads are weighted
 //! roughly as their CPU is.
 //!
-//! Limits, against a cgroup: a tenant whose threads reach nice 19 (about 70 threads per share
-//! unprivileged) weighs more with each further one, and nothing caps a tenant
-//! (`max_cpu_cores` needs the cgroup).
+//! Limits, against a cgroup: a tenant whose threads reach nice 19 weighs more with each
+//! further one ([`Scale::excess`]; the server warns at start when a tenant's `max_subtasks`
+//! at its `cpu_weight` gets there); threads the server runs for a tenant outside its
+//! subtasks (checkpoint writers, background folds of disk state) are not members and run at
+//! `base`; nothing caps a tenant (`max_cpu_cores` needs the cgroup). The sampler reads one
+//! `/proc` file per member thread every window.
 //!
 //! Invariants: the tenant's count never goes below one thread nor above its members, so no
 //! tenant's threads weigh more than its part while all are busy; a thread is re-niced only
-//! while it is a member (it leaves before it ends, so a recycled thread id is never touched).
-//! A member thread must not start threads of its own: they would inherit its nice, raised
-//! above `base` where privileged, without being counted.
+//! while it is a member (its [`Membership`] is not `Send`: it leaves on its own thread before
+//! the thread ends, so a recycled thread id is never touched). A member thread must not start
+//! threads of its own: they would inherit its nice, raised above `base` where privileged,
+//! without being counted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -92,6 +100,14 @@ impl Scale {
     /// (pure).
     pub fn nice_for(&self, weight: u32, threads: usize) -> i32 {
         self.nice_for_count(weight, threads as f64)
+    }
+
+    /// How many times its part `threads` busy threads of a tenant weighted `weight` weigh
+    /// together (1.0 where nice values can express the part; more once they reach nice 19).
+    pub fn excess(&self, weight: u32, threads: u32) -> f64 {
+        let part = self.per_weight * f64::from(weight.max(1));
+        let nice = self.nice_for(weight, threads.max(1) as usize);
+        weight_of(nice) * f64::from(threads.max(1)) / part
     }
 
     /// [`Scale::nice_for`] for a count of threads that need not be whole (runnable on
@@ -152,12 +168,15 @@ pub struct Priorities {
 #[derive(Debug)]
 pub struct Membership {
     of: Option<(Arc<Priorities>, String, Tid)>,
+    /// Not `Send`: dropped on its own thread, before the thread ends, so a recycled id is never
+    /// re-niced.
+    _here: std::marker::PhantomData<*const ()>,
 }
 
 impl Membership {
     /// A membership of nothing (CPU cgroups, where the kernel keeps track).
     pub fn none() -> Self {
-        Membership { of: None }
+        Membership { of: None, _here: std::marker::PhantomData }
     }
 }
 
@@ -165,6 +184,7 @@ impl Priorities {
     /// Priorities for tenants whose weights are `weights`, together weighing `shares` where
     /// the process may raise priorities, else below the calling thread's own.
     pub fn new(weights: &[u32], shares: u64) -> Arc<Self> {
+        raise_nice_limit();
         let base = current_nice();
         let scale = if may_raise(base) {
             Scale::privileged(shares, weights.iter().map(|&w| u64::from(w)).sum(), base)
@@ -217,6 +237,11 @@ impl Priorities {
         }
     }
 
+    /// How many times its part `threads` busy threads of a tenant weighted `weight` weigh.
+    pub fn excess(&self, weight: u32, threads: u32) -> f64 {
+        self.scale.excess(weight, threads)
+    }
+
     /// Whether priorities are on the privileged scale (for the server's log).
     pub fn privileged(&self) -> bool {
         self.scale.privileged
@@ -242,22 +267,27 @@ impl Priorities {
         drop(tenants);
         // A member from here on, whatever the kernel allowed: it leaves when the membership
         // is dropped, so its id is never re-niced after it ends.
-        let member = Membership { of: Some((self.clone(), tenant.into(), tid)) };
-        if applied < nice.max(floor) {
-            tracing::warn!(tenant, "a thread of tenant `{tenant}` keeps nice {applied}: the kernel refused {nice}");
+        let member = Membership { of: Some((self.clone(), tenant.into(), tid)), _here: std::marker::PhantomData };
+        if applied != nice.max(floor) {
+            tracing::warn!(
+                tenant,
+                "a thread of tenant `{tenant}` keeps nice {applied}: the kernel refused {}",
+                nice.max(floor)
+            );
         }
         Ok(member)
     }
 
-    /// Lowers the priority of process `pid` (a compiler child of `tenant`) to what one more
-    /// thread of the tenant would get, never above the server's own (the child is not
-    /// counted among the tenant's threads, so it must not weigh more than one of the server's).
-    pub fn charge_process(&self, tenant: &str, pid: u32) {
+    /// The nice a compiler child of `tenant` starts at: that of one of its threads were its
+    /// count higher by the cores the child compiles on (wasmtime compiles in parallel, one
+    /// thread per core), never above the server's own (the child is not counted among the
+    /// tenant's threads).
+    pub fn child_nice(&self, tenant: &str) -> Option<i32> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let tenants = self.lock();
-        if let Some(t) = tenants.get(tenant) {
-            let nice = self.scale.nice_for_count(t.weight, t.count(self.privileged()) + 1.0);
-            set_nice(pid as Tid, nice.max(self.scale.base));
-        }
+        let t = tenants.get(tenant)?;
+        let nice = self.scale.nice_for_count(t.weight, t.count(self.privileged()) + cores);
+        Some(nice.max(self.scale.base))
     }
 
     fn leave(&self, tenant: &str, tid: Tid) {
@@ -301,8 +331,10 @@ fn count_runnable(p: Weak<Priorities>) {
     loop {
         std::thread::sleep(RUNNABLE_WINDOW);
         let Some(p) = p.upgrade() else { return };
-        p.recount(last.elapsed());
-        last = Instant::now();
+        // Timed from where each count starts reading, so windows and counters line up.
+        let now = Instant::now();
+        p.recount(now - last);
+        last = now;
     }
 }
 
@@ -322,6 +354,20 @@ fn gettid() -> Tid {
     return unsafe { libc::syscall(libc::SYS_gettid) as Tid };
     #[cfg(not(target_os = "linux"))]
     0
+}
+
+/// Raises the soft `RLIMIT_NICE` to its hard limit, so that a thread lowered while its tenant
+/// ran more threads may be raised back as far as the host allows without `CAP_SYS_NICE`.
+fn raise_nice_limit() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NICE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NICE, &l);
+        }
+    }
 }
 
 /// Whether the calling thread may go as high as nice -20 (`CAP_SYS_NICE`, or an
@@ -524,57 +570,102 @@ mod tests {
         }
     }
 
-    /// Privileged, a tenant's weight goes to the threads that run: one spinning member and
-    /// three parked ones count as one, so the spinning one gets the tenant's whole part; once
-    /// the spinning one leaves, the parked ones count as one together.
+    /// Privileged, a tenant's weight goes to the threads that run: four members that only
+    /// sleep fall to a count below one (one window at a time), and once three of them wake
+    /// and spin, one window's count sees three, and their priority follows.
     #[test]
     fn privileged_a_tenants_weight_follows_its_runnable_threads() {
+        use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
         let p = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 200, current_nice()));
         p.tenant("acme", 100);
-        let parked: Vec<_> = (0..3).map(|_| p.join_current_thread_on_new_thread("acme")).collect();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let spin = {
-            let (p, stop) = (p.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let m = p.join_current_thread("acme", 0);
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-                drop(m);
+        // 0: sleep, 1: spin, 2: leave.
+        let modes: Vec<Arc<AtomicU8>> = (0..4).map(|_| Arc::new(AtomicU8::new(0))).collect();
+        let (tids_tx, tids) = std::sync::mpsc::channel();
+        let threads: Vec<_> = modes
+            .iter()
+            .map(|mode| {
+                let (p, mode, tids_tx) = (p.clone(), mode.clone(), tids_tx.clone());
+                std::thread::spawn(move || {
+                    let m = p.join_current_thread("acme", 0);
+                    tids_tx.send(gettid()).unwrap();
+                    loop {
+                        match mode.load(Relaxed) {
+                            0 => std::thread::sleep(Duration::from_millis(2)),
+                            1 => std::hint::spin_loop(),
+                            _ => break,
+                        }
+                    }
+                    drop(m);
+                })
             })
-        };
-        while p.lock()["acme"].threads.len() < 4 {
-            std::thread::yield_now();
-        }
+            .collect();
+        let tids: Vec<Tid> = (0..4).map(|_| tids.recv().unwrap()).collect();
         let privileged = may_raise(current_nice());
-        assert_eq!(p.lock()["acme"].count(true), 4.0, "joined threads count as runnable");
-        p.recount(Duration::ZERO); // a first sample of each, still counted as runnable
-        assert_eq!(p.lock()["acme"].count(true), 4.0, "not yet watched for a window");
-        // Three windows: the count falls by one thread each.
-        for _ in 0..3 {
+        let count = || p.lock()["acme"].count(true);
+        let window = |ms| {
             let t0 = Instant::now();
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(ms));
             p.recount(t0.elapsed());
+        };
+        assert_eq!(count(), 4.0, "joined threads count as runnable");
+        p.recount(Duration::ZERO);
+        assert_eq!(count(), 4.0, "not yet watched for a window");
+        if runnable_ns(tids[0]).is_none() {
+            // No schedstat on this kernel: every member counts, always.
+            window(50);
+            assert_eq!(count(), 4.0);
+        } else {
+            for _ in 0..5 {
+                window(50);
+            }
+            let runnable = p.lock()["acme"].runnable;
+            assert!(runnable < 0.5, "sleeping threads counted as {runnable} runnable");
+            assert_eq!(count(), 1.0, "never below one");
+            for mode in &modes[..3] {
+                mode.store(1, Relaxed);
+            }
+            window(300);
+            // Three spinning threads ran or waited for a core all the time, whatever the
+            // machine (their counters move at ticks and switches: a few ms either way).
+            let runnable = p.lock()["acme"].runnable;
+            assert!((2.4..3.6).contains(&runnable), "three spinning threads counted as {runnable}");
+            if privileged {
+                assert_eq!(thread_nice(tids[3]), p.scale.nice_for_count(100, count()));
+                assert!(thread_nice(tids[3]) > p.scale.nice_for(100, 1), "a third of the part each");
+            }
         }
-        let runnable = p.lock()["acme"].runnable;
-        // The spinning thread ran or waited for a core all the time, whatever the machine (its
-        // counters are updated at ticks and when it is scheduled, so a window's sample may be
-        // off by a tick or two); the parked ones not at all.
-        assert!((0.5..2.5).contains(&runnable), "runnable {runnable}");
-        if privileged {
-            let count = p.lock()["acme"].count(true);
-            assert_eq!(thread_nice(parked[0].1), p.scale.nice_for_count(100, count));
-            assert!(thread_nice(parked[0].1) < p.scale.nice_for(100, 4), "more than a quarter each");
+        for mode in &modes {
+            mode.store(2, Relaxed);
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        spin.join().unwrap();
-        for _ in 0..3 {
-            let t0 = Instant::now();
-            std::thread::sleep(Duration::from_millis(50));
-            p.recount(t0.elapsed());
+        for t in threads {
+            t.join().unwrap();
         }
-        assert_eq!(p.lock()["acme"].count(true), 1.0, "parked threads count as one together");
-        drop(parked);
+        assert!(p.lock()["acme"].threads.is_empty());
+    }
+
+    /// A compiler child weighs as many more threads of its tenant as the cores it compiles
+    /// on, and never more than one of the server's.
+    #[test]
+    fn a_compiler_child_weighs_its_compile_threads() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let p = Priorities::counted_by_hand(Scale::unprivileged(100, 0));
+        p.tenant("acme", 100);
+        assert_eq!(p.child_nice("acme"), Some(p.scale.nice_for_count(100, cores)));
+        assert!(p.child_nice("acme").unwrap() > 0 || cores < 1.5);
+        assert_eq!(p.child_nice("nobody"), None);
+        let privileged = Priorities::counted_by_hand(Scale::privileged(16 * 1024, 100, 0));
+        privileged.tenant("acme", 100);
+        assert!(privileged.child_nice("acme").unwrap() >= 0, "never above the server's nice");
+    }
+
+    /// Nice values stop at 19: a light tenant's many threads weigh more than its part, which
+    /// the server warns about at start.
+    #[test]
+    fn the_excess_of_threads_past_nice_19_is_known() {
+        let s = Scale::unprivileged(10_000, 0);
+        assert!((s.excess(10_000, 3) - 1.0).abs() < 0.2);
+        assert!(s.excess(100, 64) > 50.0, "{}", s.excess(100, 64));
+        assert!(Scale::unprivileged(100, 0).excess(100, 64) < 1.5);
     }
 
     /// A thread that joins and parks until its handle is dropped.

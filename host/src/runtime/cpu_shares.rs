@@ -121,9 +121,22 @@ impl CpuShares {
             How::Cgroup(root) => format!("cgroup v1 `cpu` controller at {}", root.display()),
             How::Priorities(p, why) => format!(
                 "thread priorities{}, no caps (no CPU cgroup: {why})",
-                if p.privileged() { "" } else { " below the server's own (no CAP_SYS_NICE)" }
+                if p.privileged() {
+                    ""
+                } else {
+                    " below the server's own (the kernel refused nice -20: no CAP_SYS_NICE)"
+                }
             ),
             How::Off(why) => format!("none ({why})"),
+        }
+    }
+
+    /// With priorities: how many times its share `threads` busy threads of a tenant weighted
+    /// `weight` can weigh at most (nice values stop at 19); `None` with a cgroup or no shares.
+    pub fn excess(&self, weight: u32, threads: u32) -> Option<f64> {
+        match &self.how {
+            How::Priorities(p, _) => Some(p.excess(weight, threads)),
+            _ => None,
         }
     }
 
@@ -186,24 +199,34 @@ impl Drop for CpuShares {
     }
 }
 
-impl CpuGroup {
-    /// Charges process `pid` (a compiler child) to the share: moved into the cgroup, or
-    /// given the priority of one more of the tenant's threads.
-    pub fn charge_process(&self, pid: u32) {
+/// A compiler child is charged to the share: moved into the cgroup once started, or started
+/// at the priority of as many more of the tenant's threads as it compiles on.
+impl crate::sandbox::isolated_compile::ChargeProcess for CpuGroup {
+    fn nice(&self) -> Option<i32> {
         match self {
-            CpuGroup::Cgroup(tasks) => {
-                let _ = std::fs::write(tasks.with_file_name("cgroup.procs"), pid.to_string());
-            }
-            CpuGroup::Priorities(p, tenant) => p.charge_process(tenant, pid),
+            CpuGroup::Cgroup(_) => None,
+            CpuGroup::Priorities(p, tenant) => p.child_nice(tenant),
         }
     }
 
+    fn started(&self, pid: u32) {
+        if let CpuGroup::Cgroup(tasks) = self {
+            let _ = std::fs::write(tasks.with_file_name("cgroup.procs"), pid.to_string());
+        }
+    }
+}
+
+impl CpuGroup {
     /// Moves the calling thread into the share, at a nice of at least `floor` (a demoted
     /// job's, [`super::priority::DEMOTED_NICE`]; 0 for none); keep the membership until the
     /// thread ends.
     pub fn join_current_thread(&self, floor: i32) -> std::io::Result<Membership> {
         match self {
             CpuGroup::Cgroup(tasks) => {
+                // Demoted first: a thread the kernel will not move keeps its penalty.
+                if floor > 0 {
+                    super::priority::demote_current_thread(floor);
+                }
                 #[cfg(target_os = "linux")]
                 {
                     // SAFETY: gettid has no arguments and touches no memory.
@@ -212,9 +235,6 @@ impl CpuGroup {
                 }
                 #[cfg(not(target_os = "linux"))]
                 let _ = tasks;
-                if floor > 0 {
-                    super::priority::demote_current_thread(floor);
-                }
                 Ok(Membership::none())
             }
             CpuGroup::Priorities(p, tenant) => p.join_current_thread(tenant, floor),

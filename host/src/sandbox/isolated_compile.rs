@@ -57,9 +57,17 @@ pub fn installed() -> Option<&'static Isolation> {
     GLOBAL.get()
 }
 
-/// What charges a compiler child's CPU to its tenant, given the child's pid (moves it into
-/// the tenant's cgroup, or lowers its priority).
-pub type Charge = std::sync::Arc<dyn Fn(u32) + Send + Sync>;
+/// How a compiler child's CPU is charged to its tenant's share.
+pub trait ChargeProcess: Send + Sync {
+    /// The nice the child starts at, set before it runs anything, so every compile thread it
+    /// starts has it (nice is per thread on Linux); `None`: the server's.
+    fn nice(&self) -> Option<i32>;
+    /// Called with the child's pid once it started (e.g. moves it into the tenant's cgroup).
+    fn started(&self, pid: u32);
+}
+
+/// What charges a compiler child's CPU to its tenant.
+pub type Charge = std::sync::Arc<dyn ChargeProcess>;
 
 /// The charge in force before, put back when dropped (also when `f` panics).
 struct Restore(Option<Charge>);
@@ -91,7 +99,9 @@ impl Isolation {
         }
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let data = self.memory_mb.saturating_mul(1 << 20);
-        // SAFETY: only async-signal-safe calls (setrlimit) between fork and exec.
+        let charge = CHARGE_TO.with(|c| c.borrow().clone());
+        let nice = charge.as_ref().and_then(|c| c.nice());
+        // SAFETY: only async-signal-safe calls (setrlimit, setpriority) between fork and exec.
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || {
@@ -100,13 +110,18 @@ impl Isolation {
                     if libc::setrlimit(r, &l) != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
                 };
                 lim(libc::RLIMIT_DATA, data)?;
-                lim(libc::RLIMIT_CORE, 0)
+                lim(libc::RLIMIT_CORE, 0)?;
+                if let Some(nice) = nice {
+                    // Lowering is always allowed; a refused raise keeps the server's nice.
+                    libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+                }
+                Ok(())
             });
         }
         let mut child =
             cmd.spawn().map_err(|e| format!("cannot start the compiler process {}: {e}", self.exe.display()))?;
-        if let Some(charge) = CHARGE_TO.with(|c| c.borrow().clone()) {
-            charge(child.id());
+        if let Some(charge) = charge {
+            charge.started(child.id());
         }
         let pid = child.id() as libc::pid_t;
         let mut stdin = child.stdin.take().expect("piped");
@@ -181,7 +196,14 @@ mod tests {
     /// the next tenant's compilations to it.
     #[test]
     fn a_charge_is_put_back_when_its_compilation_panics() {
-        let charge: super::Charge = std::sync::Arc::new(|_| {});
+        struct Nothing;
+        impl super::ChargeProcess for Nothing {
+            fn nice(&self) -> Option<i32> {
+                None
+            }
+            fn started(&self, _: u32) {}
+        }
+        let charge: super::Charge = std::sync::Arc::new(Nothing);
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             super::charged_to(Some(charge), || panic!("bad component"))
         }));
