@@ -31,9 +31,29 @@ fn coordinator_env(
     etcd: &Etcd,
     env: &[(&str, String)],
 ) -> (Child, Arc<Mutex<String>>) {
+    coordinator_on(job, secret, &addr.to_string(), etcd, env)
+}
+
+/// A coordinator listening on every interface at `addr`'s port, advertising `addr` in etcd.
+fn coordinator_advertising(job: &Path, secret: &Path, addr: SocketAddr, etcd: &Etcd) -> (Child, Arc<Mutex<String>>) {
+    let listen = format!("0.0.0.0:{} --advertise {addr}", addr.port());
+    coordinator_on(job, secret, &listen, etcd, &[])
+}
+
+/// `listen`: its --listen value, possibly followed by more arguments.
+fn coordinator_on(
+    job: &Path,
+    secret: &Path,
+    listen: &str,
+    etcd: &Etcd,
+    env: &[(&str, String)],
+) -> (Child, Arc<Mutex<String>>) {
     let mut child = weir()
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .args(["coordinator", "--listen", &addr.to_string(), "--heartbeat-timeout-ms", "3000", "--workers", "2"])
+        .arg("coordinator")
+        .arg("--listen")
+        .args(listen.split(' '))
+        .args(["--heartbeat-timeout-ms", "3000", "--workers", "2"])
         .args(["--etcd", etcd.endpoint(), "--cluster", "ha", "--lease-ttl-secs", "2", "--secret-file"])
         .arg(secret)
         .arg(job)
@@ -114,7 +134,9 @@ fn setup(name: &str, seed: u64) -> Setup {
     let (a, b) = (free_addr(), free_addr());
     let c1 = coordinator(&job, &secret, a, &etcd);
     wait_for(&c1.1, "leading cluster `ha`");
-    let c2 = coordinator(&job, &secret, b, &etcd);
+    // The standby listens on every interface and advertises a loopback address: what a worker
+    // that reads etcd must connect to.
+    let c2 = coordinator_advertising(&job, &secret, b, &etcd);
     wait_for(&c2.1, "standby: cluster `ha` is led by the coordinator at");
     let mut procs = Procs::default();
     let list = format!("{a},{b}");
@@ -141,6 +163,9 @@ fn setup(name: &str, seed: u64) -> Setup {
 /// output equals the failure-free output.
 fn check_takeover(s: &mut Setup, name: &str) {
     let code = exit_code(&mut s.c2.0, &s.c2.1);
+    // The worker that reads etcd found the standby at the address it advertised.
+    let w2 = std::fs::read_to_string(s.dir.path().join("w2.log")).unwrap();
+    assert!(w2.contains(&format!("registered with the coordinator at {}", s.b)), "{w2}");
     let log = s.c2.1.lock().unwrap().clone();
     assert_eq!(code, 0, "the standby failed:\n{log}");
     assert!(log.contains("leading cluster `ha`"), "{log}");

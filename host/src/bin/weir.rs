@@ -490,9 +490,21 @@ fn real_main(cli: Cli) -> Result<()> {
             });
             let advertise = match (&ha, advertise) {
                 (None, _) => None,
-                (Some(_), Some(a)) => Some(a),
+                (Some(_), Some(a)) => {
+                    weir::cluster::discovery::check_address(&a).map_err(|e| anyhow::anyhow!("--advertise {e}"))?;
+                    Some(a)
+                }
                 (Some(_), None) => Some(advertised(cfg.listen)?),
             };
+            if let (Some(h), Some(a)) = (&ha, &advertise) {
+                let local = |s: &str| ["127.", "localhost", "[::1]"].iter().any(|l| s.contains(l));
+                if local(a) && !h.endpoints.iter().all(|e| local(e)) {
+                    tracing::warn!(
+                        "this coordinator advertises {a} to workers through etcd: only workers on this machine \
+                         can reach a loopback address; give --advertise HOST:PORT"
+                    );
+                }
+            }
             run_coordinator(&job, cfg, ha.zip(advertise), restore, allow_non_restored_state, &api)
         }
         Command::Worker { coordinator, etcd, cluster, advertise, slots, listen, secret_file, name, dir, tls } => {

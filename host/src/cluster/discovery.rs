@@ -7,7 +7,7 @@
 //! the connection's handshake and the follower's epoch fence (a deposed leader etcd still
 //! names until its lease lapses is refused or silent, never followed over a newer one).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 
@@ -49,7 +49,15 @@ impl Coordinators {
             Coordinators::Etcd { endpoints, .. } if endpoints.is_empty() => {
                 Err("--etcd: give at least one endpoint (http://HOST:PORT)".into())
             }
-            Coordinators::Etcd { cluster, .. } => ha::check_cluster_name(cluster),
+            Coordinators::Etcd { endpoints, cluster } => {
+                for e in endpoints {
+                    let rest = e.strip_prefix("http://").or_else(|| e.strip_prefix("https://"));
+                    if rest.is_none_or(|r| check_address(r).is_err()) {
+                        return Err(format!("--etcd `{e}`: give endpoints as http://HOST:PORT, comma-separated"));
+                    }
+                }
+                ha::check_cluster_name(cluster)
+            }
             Coordinators::List(_) => Ok(()),
         }
     }
@@ -62,6 +70,36 @@ pub struct Discovery {
     next: usize,
     /// The etcd connection, kept while it works.
     client: Option<Client>,
+    /// The address that last refused this worker (wrong secret, other version), and since when.
+    refused: Option<(String, Instant)>,
+}
+
+/// How long a refusing address etcd names is retried (it may be a gone leader's, whose lease
+/// has not lapsed yet, and something else listening there now) before the worker gives up.
+pub const REFUSED_GRACE: Duration = Duration::from_secs(30);
+
+/// How often a worker that keeps waiting for the same reason says so again.
+pub const WAITING_REPEAT: Duration = Duration::from_secs(30);
+
+/// Why a worker waits, as last logged (pure).
+#[derive(Debug, Default)]
+pub struct Waiting {
+    last: Option<(String, Instant)>,
+}
+
+impl Waiting {
+    /// Whether to log `why` at `now`: `Some(false)` for a new reason, `Some(true)` for the same
+    /// one again after [`WAITING_REPEAT`], `None` to keep quiet.
+    pub fn says(&mut self, why: &str, now: Instant) -> Option<bool> {
+        let said = match &self.last {
+            Some((w, at)) if w == why => (now.duration_since(*at) >= WAITING_REPEAT).then_some(true),
+            _ => Some(false),
+        };
+        if said.is_some() {
+            self.last = Some((why.to_string(), now));
+        }
+        said
+    }
 }
 
 /// How long one question to etcd may take.
@@ -70,7 +108,23 @@ const ASK: Duration = Duration::from_secs(5);
 impl Discovery {
     /// Discovery of `how` (already [`Coordinators::check`]ed).
     pub fn new(how: Coordinators) -> Self {
-        Discovery { how, next: 0, client: None }
+        Discovery { how, next: 0, client: None, refused: None }
+    }
+
+    /// `address` refused this worker at `now`: whether to give up. A listed coordinator that
+    /// refuses is believed at once; an address read from etcd after [`REFUSED_GRACE`] of
+    /// refusals (before that, etcd may still name a leader that is gone).
+    pub fn refused(&mut self, address: &str, now: Instant) -> bool {
+        if matches!(self.how, Coordinators::List(_)) {
+            return true;
+        }
+        match &self.refused {
+            Some((a, since)) if a == address => now.duration_since(*since) >= REFUSED_GRACE,
+            _ => {
+                self.refused = Some((address.to_string(), now));
+                false
+            }
+        }
     }
 
     /// The next address to try, or why there is none now (try again a little later).
@@ -83,12 +137,7 @@ impl Discovery {
             }
             Coordinators::Etcd { endpoints, cluster } => {
                 let (endpoints, cluster) = (endpoints.clone(), cluster.clone());
-                let asked = self.ask_etcd(&endpoints, &cluster);
-                if asked.is_err() {
-                    // Connected afresh next time: the endpoint may have moved or restarted.
-                    self.client = None;
-                }
-                asked
+                self.ask_etcd(&endpoints, &cluster)
             }
         }
     }
@@ -105,28 +154,52 @@ impl Discovery {
         }
         let mut client = self.client.clone().ok_or("no etcd connection")?;
         let election = ha::election_key(cluster);
-        let answer = rt
-            .block_on(async { tokio::time::timeout(ASK, client.leader(election)).await })
-            .map_err(|_| format!("etcd at {} did not answer", endpoints.join(",")))?;
+        let answer = rt.block_on(async { tokio::time::timeout(ASK, client.leader(election)).await });
         match answer {
-            Ok(r) => leader_address(r.kv().map(|kv| kv.value()), cluster),
+            Ok(Ok(r)) => leader_address(r.kv().map(|kv| kv.value()), cluster),
             // etcd answers an election without a leader with an error of its own.
-            Err(e) if e.to_string().contains("no leader") => {
+            Ok(Err(e)) if e.to_string().contains("no leader") => {
                 Err(format!("cluster `{cluster}` has no leader in etcd yet"))
             }
-            Err(e) => Err(format!("etcd at {}: {e}", endpoints.join(","))),
+            // Connected afresh next time: the endpoint may have moved or restarted.
+            Ok(Err(e)) => {
+                self.client = None;
+                Err(format!("etcd at {}: {e}", endpoints.join(",")))
+            }
+            Err(_) => {
+                self.client = None;
+                Err(format!("etcd at {} did not answer", endpoints.join(",")))
+            }
         }
     }
 }
 
-/// The address a leader's election value names (pure): UTF-8 HOST:PORT, bounded.
+/// The address a leader's election value names (pure): HOST:PORT ([`check_address`]).
 fn leader_address(value: Option<&[u8]>, cluster: &str) -> Result<String, String> {
     let value = value.ok_or_else(|| format!("cluster `{cluster}` has no leader in etcd yet"))?;
     let text = std::str::from_utf8(value)
         .ok()
-        .filter(|t| !t.is_empty() && t.len() <= 256 && !t.chars().any(char::is_whitespace))
+        .filter(|t| check_address(t).is_ok())
         .ok_or_else(|| format!("the leader of cluster `{cluster}` in etcd names no address a worker can use"))?;
     Ok(text.to_string())
+}
+
+/// Checks a HOST:PORT a coordinator advertises (pure): at most 256 bytes of host-name and IP
+/// characters (`[A-Za-z0-9.-_]`, or `[...]` for IPv6), then a port from 1 to 65535.
+pub fn check_address(text: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("`{}`: {why}; give HOST:PORT", text.escape_debug()));
+    if text.is_empty() || text.len() > 256 {
+        return bad("empty or longer than 256 bytes");
+    }
+    let Some((host, port)) = text.rsplit_once(':') else { return bad("no port") };
+    if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return bad("the port is not 1..65535");
+    }
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']');
+    if host.is_empty() || !host.chars().all(ok) {
+        return bad("not a host name or IP address");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -153,10 +226,61 @@ mod tests {
     #[test]
     fn a_leaders_value_must_be_an_address() {
         assert_eq!(leader_address(Some(b"10.0.0.7:7070"), "c").unwrap(), "10.0.0.7:7070");
+        assert_eq!(leader_address(Some(b"[::1]:7070"), "c").unwrap(), "[::1]:7070");
+        assert!(leader_address(Some(b"coordinator-0.weir-coordinator.weir.svc:7070"), "c").is_ok());
         assert!(leader_address(None, "c").unwrap_err().contains("no leader"));
-        for bad in [&b""[..], b"\xff\xfe", b"a b:1", &[b'a'; 300][..]] {
+        let long = [&[b'a'; 300][..], b":1"].concat();
+        for bad in [
+            &b""[..],
+            b"\xff\xfe",
+            b"a b:1",
+            &long,
+            b"host",
+            b"h:0",
+            b"h:99999",
+            b"\x1b[31mh:1",
+            b"h\0:1",
+            b"http://h:1",
+        ] {
             assert!(leader_address(Some(bad), "c").unwrap_err().contains("names no address"), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn endpoints_that_are_not_urls_are_refused_at_start() {
+        for e in [" http://a:2379", "a:2379", "http://", "http://a b:1"] {
+            let c = Coordinators::Etcd { endpoints: vec![e.into()], cluster: "c".into() };
+            assert!(c.check().unwrap_err().contains("--etcd"), "{e}");
+        }
+        let ok = Coordinators::Etcd { endpoints: vec!["https://etcd.etcd.svc:2379".into()], cluster: "c".into() };
+        assert!(ok.check().is_ok());
+    }
+
+    /// A new reason is said at once, the same one again only every [`WAITING_REPEAT`].
+    #[test]
+    fn a_waiting_worker_says_each_new_reason_and_repeats_an_old_one_slowly() {
+        let (mut w, t0) = (Waiting::default(), Instant::now());
+        assert_eq!(w.says("no leader", t0), Some(false));
+        assert_eq!(w.says("no leader", t0 + Duration::from_secs(1)), None);
+        assert_eq!(w.says("h:1 does not resolve", t0 + Duration::from_secs(2)), Some(false));
+        assert_eq!(w.says("h:1 does not resolve", t0 + Duration::from_secs(20)), None);
+        assert_eq!(w.says("h:1 does not resolve", t0 + Duration::from_secs(33)), Some(true));
+    }
+
+    /// A refusing address from etcd is retried for a while (it may be a gone leader's); a
+    /// listed one is believed at once.
+    #[test]
+    fn a_refusal_ends_the_worker_only_once_it_is_surely_meant() {
+        let t0 = Instant::now();
+        let mut listed = Discovery::new(Coordinators::List(vec!["a:1".into()]));
+        assert!(listed.refused("a:1", t0));
+        let mut by_etcd =
+            Discovery::new(Coordinators::Etcd { endpoints: vec!["http://127.0.0.1:1".into()], cluster: "c".into() });
+        assert!(!by_etcd.refused("a:1", t0));
+        assert!(!by_etcd.refused("a:1", t0 + Duration::from_secs(10)));
+        assert!(!by_etcd.refused("b:1", t0 + Duration::from_secs(20)), "another address starts afresh");
+        assert!(!by_etcd.refused("b:1", t0 + Duration::from_secs(40)));
+        assert!(by_etcd.refused("b:1", t0 + Duration::from_secs(51)));
     }
 
     /// Nothing listens: a clear error naming etcd, soon, and no panic.

@@ -24,7 +24,7 @@ use wasmtime::Engine;
 
 use crate::checkpoint::mirror;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
-use crate::cluster::discovery::{Coordinators, Discovery};
+use crate::cluster::discovery::{Coordinators, Discovery, Waiting};
 use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
 use crate::cluster::protocol::{
@@ -196,16 +196,21 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         clock: Instant::now(),
         upgrades: HashMap::new(),
     };
-    let mut announced = false;
+    let mut waiting = Waiting::default();
     let mut discovery = Discovery::new(w.cfg.coordinators.clone());
+    let say = |waiting: &mut Waiting, name: &str, why: String| {
+        if let Some(again) = waiting.says(&why, Instant::now()) {
+            match again {
+                false => tracing::info!("worker `{name}`: waiting for a coordinator ({why})"),
+                true => tracing::warn!("worker `{name}`: still waiting for a coordinator ({why})"),
+            }
+        }
+    };
     loop {
         let name = match discovery.next_address() {
             Ok(name) => name,
             Err(why) => {
-                if !announced {
-                    tracing::info!("worker `{}`: waiting for a coordinator ({why})", w.cfg.name);
-                    announced = true;
-                }
+                say(&mut waiting, &w.cfg.name, why);
                 std::thread::sleep(Duration::from_millis(300));
                 continue;
             }
@@ -213,28 +218,28 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         // Resolved at every try: a coordinator's name may move (a Kubernetes pod restarted).
         let resolved = name.to_socket_addrs().map(|mut a| a.next());
         let Ok(Some(at)) = resolved else {
-            if !announced {
-                tracing::info!("worker `{}`: waiting for a coordinator ({name} does not resolve)", w.cfg.name);
-                announced = true;
-            }
+            say(&mut waiting, &w.cfg.name, format!("{name} does not resolve"));
             std::thread::sleep(Duration::from_millis(300));
             continue;
         };
         match pipe::connect::<ToWorker, ToCoordinator>(at, &w.cfg.secret, w.cfg.tls.as_ref()) {
             Ok((tx, rx)) => {
-                announced = false;
+                waiting = Waiting::default();
                 if w.session(at, &tx, &rx)? {
                     tracing::warn!("worker `{}`: lost the coordinator at {at}; reconnecting", w.cfg.name);
                 }
             }
             Err(pipe::ConnectError::Refused(why)) => {
-                return Err(WorkerError::Refused { name: w.cfg.name.clone(), why });
+                if discovery.refused(&name, Instant::now()) {
+                    return Err(WorkerError::Refused { name: w.cfg.name.clone(), why });
+                }
+                say(
+                    &mut waiting,
+                    &w.cfg.name,
+                    format!("{at} refused it: {why}; etcd may still name a leader that is gone"),
+                );
             }
-            Err(e) if !announced => {
-                tracing::info!("worker `{}`: waiting for a coordinator ({at}: {e})", w.cfg.name);
-                announced = true;
-            }
-            Err(_) => {}
+            Err(e) => say(&mut waiting, &w.cfg.name, format!("{at}: {e}")),
         }
         // Cut off from the coordinator: nothing of its attempts may go on here.
         w.follower.disconnected();
