@@ -49,6 +49,55 @@ pub fn operator_index(key_group: u32, max_parallelism: u32, parallelism: u32) ->
     ((key_group as u64 * parallelism as u64) / max_parallelism as u64) as u32
 }
 
+/// [`key_group`] and [`operator_index`] for one `max_parallelism` and `parallelism`, with
+/// the two divisions replaced by multiplications by precomputed reciprocals (Lemire's
+/// fastmod/fastdiv, exact for every 32-bit operand): what a partitioner runs per record.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyGroupMath {
+    max_parallelism: u32,
+    parallelism: u32,
+    /// `ceil(2^64 / max_parallelism)`, wrapping to 0 for 1 (where every result is 0).
+    reciprocal: u64,
+}
+
+impl KeyGroupMath {
+    /// The math for `parallelism` subtasks over `max_parallelism` key groups (both >= 1,
+    /// `parallelism <= max_parallelism`, as the job loader checks).
+    pub fn new(max_parallelism: u32, parallelism: u32) -> Self {
+        let max_parallelism = max_parallelism.max(1);
+        let reciprocal = (u64::MAX / max_parallelism as u64).wrapping_add(1);
+        KeyGroupMath { max_parallelism, parallelism: parallelism.clamp(1, max_parallelism), reciprocal }
+    }
+
+    /// `a % max_parallelism`.
+    #[inline]
+    fn rem(&self, a: u32) -> u32 {
+        let low = self.reciprocal.wrapping_mul(a as u64);
+        ((low as u128 * self.max_parallelism as u128) >> 64) as u32
+    }
+
+    /// `a / max_parallelism`.
+    #[inline]
+    fn quot(&self, a: u32) -> u32 {
+        ((self.reciprocal as u128 * a as u128) >> 64) as u32
+    }
+
+    /// [`key_group`] of `key`.
+    #[inline]
+    pub fn key_group(&self, key: &[u8]) -> u32 {
+        self.rem(murmur3_32(key, 0))
+    }
+
+    /// [`operator_index`] of `key_group` (< `max_parallelism`, so the product fits 32 bits).
+    #[inline]
+    pub fn operator_index(&self, key_group: u32) -> u32 {
+        if self.max_parallelism == 1 {
+            return 0;
+        }
+        self.quot(key_group * self.parallelism)
+    }
+}
+
 /// The key groups owned by `subtask`: `[start, end)`.
 pub fn key_group_range(max_parallelism: u32, parallelism: u32, subtask: u32) -> Range<u32> {
     let (m, p, i) = (max_parallelism as u64, parallelism as u64, subtask as u64);
@@ -73,6 +122,23 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn key_group_math_equals_the_divisions(max_p in 1u32..=32768, p_seed in any::<u32>(), keys in proptest::collection::vec(any::<u64>(), 64)) {
+            let p = 1 + p_seed % max_p;
+            let m = KeyGroupMath::new(max_p, p);
+            for k in &keys {
+                let kg = key_group(&k.to_le_bytes(), max_p);
+                prop_assert_eq!(m.key_group(&k.to_le_bytes()), kg);
+                prop_assert_eq!(m.operator_index(kg), operator_index(kg, max_p, p));
+            }
+            for kg in [0, max_p - 1, max_p / 2] {
+                prop_assert_eq!(m.operator_index(kg), operator_index(kg, max_p, p));
+            }
+            for a in [0u32, 1, u32::MAX, u32::MAX - 1, max_p, max_p.wrapping_mul(3)] {
+                prop_assert_eq!(m.rem(a), a % max_p);
+            }
+        }
+
         #[test]
         fn ranges_partition_all_key_groups(max_p in 1u32..4096, p_seed in any::<u32>()) {
             let p = 1 + p_seed % max_p;

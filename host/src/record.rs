@@ -44,10 +44,12 @@ impl Batch {
     pub fn push(&mut self, tag: u32, timestamp: i64, key: &[u8], value: &[u8]) {
         let b = &mut self.buf;
         b.reserve(HEADER_LEN + key.len() + value.len());
-        b.extend_from_slice(&tag.to_le_bytes());
-        b.extend_from_slice(&timestamp.to_le_bytes());
-        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        let mut header = [0u8; HEADER_LEN];
+        header[..4].copy_from_slice(&tag.to_le_bytes());
+        header[4..12].copy_from_slice(&timestamp.to_le_bytes());
+        header[12..16].copy_from_slice(&(key.len() as u32).to_le_bytes());
+        header[16..].copy_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(&header);
         b.extend_from_slice(key);
         b.extend_from_slice(value);
         self.len += 1;
@@ -109,6 +111,51 @@ impl Batch {
     pub fn clear(&mut self) {
         self.buf.clear();
         self.len = 0;
+    }
+
+    /// Replaces the tag of every record with `to` if every record's tag is `from`; returns
+    /// whether it did (else the batch is as it was). One pass over the headers.
+    pub fn retag_all(&mut self, from: u32, to: u32) -> bool {
+        let mut at = 0;
+        while at + HEADER_LEN <= self.buf.len() {
+            let h = &mut self.buf[at..at + HEADER_LEN];
+            if h[..4] != from.to_le_bytes() {
+                self.retag_before(at, from);
+                return false;
+            }
+            h[..4].copy_from_slice(&to.to_le_bytes());
+            let word = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap()) as usize;
+            at += HEADER_LEN + word(12) + word(16);
+        }
+        true
+    }
+
+    /// Gives the records before offset `end` the tag `tag` back.
+    fn retag_before(&mut self, end: usize, tag: u32) {
+        let heads: Vec<usize> = self.headers().take_while(|&at| at < end).collect();
+        for at in heads {
+            self.buf[at..at + 4].copy_from_slice(&tag.to_le_bytes());
+        }
+    }
+
+    /// Appends every record of `other`.
+    pub fn append(&mut self, other: &Batch) {
+        self.buf.extend_from_slice(&other.buf);
+        self.len += other.len;
+    }
+
+    /// Offsets of the record headers (the batch is well formed, by its invariant).
+    fn headers(&self) -> impl Iterator<Item = usize> + '_ {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            if at + HEADER_LEN > self.buf.len() {
+                return None;
+            }
+            let word = |o: usize| u32::from_le_bytes(self.buf[at + o..at + o + 4].try_into().unwrap()) as usize;
+            let this = at;
+            at += HEADER_LEN + word(12) + word(16);
+            Some(this)
+        })
     }
 
     /// Takes the contents, leaving an empty batch with the same capacity hint.
@@ -221,18 +268,53 @@ pub fn validate_tags(buf: &[u8], max_tag: u32) -> Result<u32, FramingError> {
 
 /// Appends `v` in decimal.
 #[inline]
-pub fn write_decimal(out: &mut Vec<u8>, mut v: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
+pub fn write_decimal(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(Decimal::new(v).as_bytes());
+}
+
+/// A `u64` in decimal text, formatted on the stack two digits at a time (what a generator
+/// writes per record, so no heap buffer and no copy call per number).
+#[derive(Clone, Copy)]
+pub struct Decimal {
+    buf: [u8; 20],
+    start: u8,
+}
+
+/// "00".."99".
+const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+impl Decimal {
+    /// `v` formatted.
+    #[inline]
+    pub fn new(mut v: u64) -> Self {
+        let mut buf = [0u8; 20];
+        let mut i = buf.len();
+        while v >= 100 {
+            let pair = (v % 100) as usize * 2;
+            v /= 100;
+            i -= 2;
+            buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
         }
+        if v >= 10 {
+            let pair = v as usize * 2;
+            i -= 2;
+            buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        } else {
+            i -= 1;
+            buf[i] = b'0' + v as u8;
+        }
+        Decimal { buf, start: i as u8 }
     }
-    out.extend_from_slice(&buf[i..]);
+
+    /// The digits.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start as usize..]
+    }
 }
 
 #[cfg(test)]
@@ -241,6 +323,43 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        #[test]
+        fn decimals_match_std(v in any::<u64>(), small in 0u64..100_000) {
+            for x in [v, small, v >> 32, 0, 9, 10, 99, 100, u64::MAX] {
+                let (d, s) = (Decimal::new(x), x.to_string());
+                prop_assert_eq!(d.as_bytes(), s.as_bytes());
+            }
+        }
+
+        #[test]
+        fn retagging_all_or_nothing_then_appending_equals_pushing_each_record(
+            first in proptest::collection::vec((0u32..3, proptest::collection::vec(any::<u8>(), 0..20)), 0..20),
+            second in proptest::collection::vec((0u32..3, proptest::collection::vec(any::<u8>(), 0..20)), 0..20),
+            from in 0u32..3,
+            to in any::<u32>(),
+        ) {
+            let batch = |recs: &[(u32, Vec<u8>)]| {
+                let mut b = Batch::default();
+                for (t, k) in recs {
+                    b.push(*t, *t as i64 - 7, k, &k[k.len() / 2..]);
+                }
+                b
+            };
+            let (mut got, mut other) = (batch(&first), batch(&second));
+            let uniform = second.iter().all(|(t, _)| *t == from);
+            prop_assert_eq!(other.retag_all(from, to), uniform);
+            if !uniform {
+                prop_assert_eq!(&other, &batch(&second), "a refused retag changes nothing");
+                return Ok(());
+            }
+            got.append(&other);
+            let mut want = batch(&first);
+            for (t, k) in &second {
+                want.push(to, *t as i64 - 7, k, &k[k.len() / 2..]);
+            }
+            prop_assert_eq!(&got, &want);
+        }
+
         #[test]
         fn batches_round_trip(recs in proptest::collection::vec(
             (any::<u32>(), any::<i64>(), proptest::collection::vec(any::<u8>(), 0..40),

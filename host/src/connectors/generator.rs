@@ -8,7 +8,7 @@
 use crate::connectors::throttle::Throttle;
 use crate::connectors::{Disconnected, Emit};
 use crate::graph::logical::GeneratorConfig;
-use crate::record::write_decimal;
+use crate::record::Decimal;
 
 /// splitmix64 step.
 #[inline]
@@ -23,8 +23,9 @@ pub fn splitmix64(mut z: u64) -> u64 {
 pub struct Generator {
     cfg: GeneratorConfig,
     next: u64,
+    /// `next % keys`, kept by addition (no division per record).
+    key_index: u64,
     step: u64,
-    key: Vec<u8>,
     value: Vec<u8>,
     throttle: Option<Throttle>,
 }
@@ -35,8 +36,8 @@ impl Generator {
         Generator {
             cfg,
             next: subtask as u64,
+            key_index: subtask as u64 % cfg.keys.max(1),
             step: parallelism as u64,
-            key: Vec::with_capacity(24),
             value: Vec::with_capacity(cfg.value_bytes.unwrap_or(24) as usize),
             throttle: cfg.rate.map(Throttle::new),
         }
@@ -50,6 +51,7 @@ impl Generator {
     /// Rewinds (or forwards) to a position taken with [`Generator::position`].
     pub fn seek(&mut self, next: u64) {
         self.next = next;
+        self.key_index = next % self.cfg.keys.max(1);
     }
 
     /// Emits up to `max` records; returns how many (`Some(0)`: none due yet under `rate`;
@@ -71,11 +73,11 @@ impl Generator {
         });
         while n < max && self.next < self.cfg.count {
             let i = self.next;
-            self.key.clear();
-            write_decimal(&mut self.key, i % self.cfg.keys);
+            let key = Decimal::new(self.key_index);
+            let number = Decimal::new(i);
             self.value.clear();
-            match self.cfg.value_bytes {
-                None => write_decimal(&mut self.value, i),
+            let value = match self.cfg.value_bytes {
+                None => number.as_bytes(),
                 Some(len) => {
                     let mut s = splitmix64(self.cfg.seed ^ i.wrapping_mul(0x2545_f491_4f6c_dd1d));
                     while self.value.len() < len as usize {
@@ -83,12 +85,17 @@ impl Generator {
                         let take = (len as usize - self.value.len()).min(8);
                         self.value.extend_from_slice(&s.to_le_bytes()[..take]);
                     }
+                    &self.value
                 }
-            }
+            };
             let timestamp = ingested.unwrap_or(i as i64);
-            let rec = crate::record::RecordRef { tag: 0, timestamp, key: &self.key, value: &self.value };
+            let rec = crate::record::RecordRef { tag: 0, timestamp, key: key.as_bytes(), value };
             out.emit(rec)?;
             self.next += self.step;
+            self.key_index += self.step;
+            if self.key_index >= self.cfg.keys {
+                self.key_index %= self.cfg.keys.max(1);
+            }
             n += 1;
         }
         if let Some(t) = self.throttle.as_mut() {
@@ -111,8 +118,39 @@ mod tests {
     fn decimal_matches_std() {
         for v in [0u64, 7, 10, 12345, u64::MAX] {
             let mut s = Vec::new();
-            write_decimal(&mut s, v);
+            s.extend_from_slice(Decimal::new(v).as_bytes());
             assert_eq!(String::from_utf8(s).unwrap(), v.to_string());
+        }
+    }
+
+    struct Collect(Vec<(String, String, i64)>);
+
+    impl Emit for Collect {
+        fn emit(&mut self, rec: crate::record::RecordRef<'_>) -> Result<(), Disconnected> {
+            let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+            self.0.push((text(rec.key), text(rec.value), rec.timestamp));
+            Ok(())
+        }
+        fn flush(&mut self) -> Result<(), Disconnected> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn keys_follow_the_sequence_number_across_subtasks_and_seeks() {
+        let cfg =
+            GeneratorConfig { count: 100, keys: 7, value_bytes: None, rate: None, seed: 0, ingestion_time: false };
+        for (subtask, p, seek) in [(0, 1, None), (1, 3, None), (2, 3, Some(41)), (0, 2, Some(13)), (1, 9, Some(95))] {
+            let mut g = Generator::new(cfg, subtask, p);
+            if let Some(s) = seek {
+                g.seek(s);
+            }
+            let mut out = Collect(Vec::new());
+            while g.emit(5, &mut out).unwrap().is_some() {}
+            let first = seek.unwrap_or(subtask as u64);
+            let want: Vec<_> =
+                (first..100).step_by(p as usize).map(|i| ((i % 7).to_string(), i.to_string(), i as i64)).collect();
+            assert_eq!(out.0, want, "subtask {subtask} of {p}, seek {seek:?}");
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Pure decisions, tested in isolation; [`crate::runtime::output`] applies them to batches.
 
-use crate::keygroup::{key_group, operator_index};
+use crate::keygroup::KeyGroupMath;
 
 /// How an edge distributes records over the downstream subtasks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub enum Target {
 pub struct Selector {
     partition: Partition,
     targets: usize,
-    max_parallelism: u32,
+    math: KeyGroupMath,
     next: usize,
 }
 
@@ -67,7 +67,13 @@ impl Selector {
     /// A selector over `targets` downstream channels (1 for forward). `start` spreads
     /// round-robin of different upstream subtasks.
     pub fn new(partition: Partition, targets: usize, max_parallelism: u32, start: usize) -> Self {
-        Selector { partition, targets, max_parallelism, next: start % targets.max(1) }
+        let math = KeyGroupMath::new(max_parallelism, targets as u32);
+        Selector { partition, targets, math, next: start % targets.max(1) }
+    }
+
+    /// Every record goes to the one target with no key group: [`Partition::Forward`].
+    pub fn is_forward(&self) -> bool {
+        self.partition == Partition::Forward
     }
 
     /// Where the record with `key` goes.
@@ -85,8 +91,8 @@ impl Selector {
                 Target::One { index, tag: crate::record::NO_KEY_GROUP }
             }
             Partition::Hash => {
-                let kg = key_group(key, self.max_parallelism);
-                let index = operator_index(kg, self.max_parallelism, self.targets as u32) as usize;
+                let kg = self.math.key_group(key);
+                let index = self.math.operator_index(kg) as usize;
                 Target::One { index, tag: kg }
             }
         }

@@ -307,12 +307,57 @@ impl Output {
         Ok(())
     }
 
-    /// Routes every record of a batch.
-    pub fn emit_batch(&mut self, batch: &Batch) -> Result<(), Disconnected> {
+    /// Routes every record of a batch: whole where it may (see [`Output::forward_whole`]),
+    /// else record by record.
+    pub fn emit_batch(&mut self, batch: Batch) -> Result<(), Disconnected> {
+        let Some(batch) = self.forward_whole(batch)? else { return Ok(()) };
         for r in batch.iter() {
             self.emit(r)?;
         }
         Ok(())
+    }
+
+    /// Forwards `batch` whole when its records all leave on one port whose edges are all open
+    /// and forward, and it fits one batch: retagged in place, moved into an empty pending
+    /// batch or else appended (copied for every edge but the last). Returns it back,
+    /// unchanged, otherwise. Records keep their order and batches their limits as when routed
+    /// record by record; only where a batch is cut may differ (the pending batch goes first if
+    /// `batch` would overfill it).
+    fn forward_whole(&mut self, mut batch: Batch) -> Result<Option<Batch>, Disconnected> {
+        let (limit_n, limit_b) = (self.batch_records, self.batch_bytes);
+        let Some(port) = batch.iter().next().map(|r| r.tag) else { return Ok(None) };
+        let on_port = self.edges.iter().filter(|e| e.port == port).count();
+        let fits = batch.len() <= limit_n && batch.byte_len() <= limit_b;
+        let forward = self.edges.iter().filter(|e| e.port == port).all(|e| !e.ended && e.selector.is_forward());
+        if on_port == 0 || !fits || !forward || !batch.retag_all(port, crate::record::NO_KEY_GROUP) {
+            return Ok(Some(batch));
+        }
+        let n = batch.len() as u64;
+        self.records_out += n;
+        let mut left = on_port;
+        let mut batch = Some(batch);
+        for e in self.edges.iter_mut().filter(|e| e.port == port) {
+            self.copies += n;
+            left -= 1;
+            let b = batch.as_ref().expect("kept until the last edge");
+            let pending = &e.pending[0];
+            if !pending.is_empty() && (pending.len() + b.len() > limit_n || pending.byte_len() + b.byte_len() > limit_b)
+            {
+                let full = e.pending[0].take();
+                e.send_batch(0, full, &self.backpressure)?;
+            }
+            if left == 0 && e.pending[0].is_empty() {
+                e.pending[0] = batch.take().expect("the last edge");
+            } else {
+                e.pending[0].append(b);
+            }
+            let p = &mut e.pending[0];
+            if p.len() >= limit_n || p.byte_len() >= limit_b {
+                let full = p.take();
+                e.send_batch(0, full, &self.backpressure)?;
+            }
+        }
+        Ok(None)
     }
 
     /// Sends every non-empty pending batch.
@@ -583,5 +628,56 @@ mod tests {
         emit(&mut out, 1);
         assert!(!out.is_unaligned() && !out.blocked());
         assert_eq!(value(&rx.try_recv().unwrap()), vec![1]);
+    }
+
+    fn batch_of(tags_and_values: &[(u32, u8)]) -> Batch {
+        let mut b = Batch::default();
+        for (t, v) in tags_and_values {
+            b.push(*t, *v as i64, b"k", &[*v]);
+        }
+        b
+    }
+
+    fn received(rx: &Receiver<Message>) -> Vec<Batch> {
+        rx.try_iter()
+            .map(|m| match m {
+                Message::Data(b) => b,
+                other => panic!("not data: {other:?}"),
+            })
+            .collect()
+    }
+
+    /// A guest's batch on a forward edge goes on whole, retagged, cut at the batch limit as
+    /// record by record would be; a batch with records for two ports is routed record by
+    /// record, and a port with no edge drops its records either way.
+    #[test]
+    fn a_batch_on_forward_edges_goes_on_whole_in_order_within_the_limits() {
+        let (tx0, rx0) = unbounded();
+        let (tx1, rx1) = unbounded();
+        let (tx1b, rx1b) = unbounded();
+        let edges = vec![
+            EdgeOutput::new(0, Partition::Forward, vec![tx0], 16, 0),
+            EdgeOutput::new(1, Partition::Forward, vec![tx1], 16, 0),
+            EdgeOutput::new(1, Partition::Forward, vec![tx1b], 16, 0),
+        ];
+        let mut out = Output::new(edges, 4, 1 << 20);
+        out.emit_batch(batch_of(&[(0, 1), (0, 2), (0, 3)])).unwrap();
+        out.emit_batch(batch_of(&[(0, 4), (0, 5)])).unwrap();
+        out.emit_batch(batch_of(&[(1, 6), (0, 7), (1, 8)])).unwrap();
+        out.emit_batch(batch_of(&[(0, 9), (0, 10), (0, 11), (0, 12), (0, 13)])).unwrap();
+        out.emit_batch(batch_of(&[(0, 15), (0, 16), (0, 17), (0, 18)])).unwrap();
+        out.emit_batch(batch_of(&[(2, 14)])).unwrap();
+        out.flush().unwrap();
+        assert_eq!((out.records_out, out.copies), (18, 19), "record 14 has no edge; 6 and 8 go twice");
+        for (rx, want) in
+            [(&rx0, vec![1, 2, 3, 4, 5, 7, 9, 10, 11, 12, 13, 15, 16, 17, 18]), (&rx1, vec![6, 8]), (&rx1b, vec![6, 8])]
+        {
+            let batches = received(rx);
+            assert!(batches.iter().all(|b| b.len() <= 4 && !b.is_empty()), "{batches:?}");
+            let all: Vec<(u32, i64, Vec<u8>)> =
+                batches.iter().flat_map(|b| b.iter().map(|r| (r.tag, r.timestamp, r.value.to_vec()))).collect();
+            let want: Vec<_> = want.iter().map(|v| (crate::record::NO_KEY_GROUP, *v as i64, vec![*v as u8])).collect();
+            assert_eq!(all, want);
+        }
     }
 }

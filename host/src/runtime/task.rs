@@ -332,7 +332,7 @@ impl OperatorTask {
         let out = self.instance.take_emitted();
         if !out.is_empty() {
             self.counters.add_out(out.len() as u64, out.byte_len() as u64);
-            self.output.emit_batch(&out).map_err(|d| self.disconnected(d))?;
+            self.output.emit_batch(out).map_err(|d| self.disconnected(d))?;
             // Either budget: the one this subtask's back-edges charge, or (a loop head fed over
             // the network) the one its incoming back-edges charge on this worker.
             let over = self.output.feedback_over().or_else(|| self.inputs.feedback_budget().and_then(|b| b.over()));
@@ -398,7 +398,7 @@ impl OperatorTask {
             let mut letter = Batch::default();
             letter.push(port, rec.timestamp, rec.key, rec.value);
             self.counters.add_dead_letter();
-            self.output.emit_batch(&letter).map_err(|d| self.disconnected(d))?;
+            self.output.emit_batch(letter).map_err(|d| self.disconnected(d))?;
             let mut rest = Batch::default();
             for r in batch.iter().skip(index as usize + 1) {
                 rest.push(r.tag, r.timestamp, r.key, r.value);
