@@ -341,18 +341,43 @@ impl<'a> OpenContext<'a> {
     }
 }
 
-/// Appends `v` in decimal to `out` (no allocation, no formatting machinery).
+/// "00".."99", for two digits per division.
+const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// Appends `v` in decimal to `out` (no allocation, no formatting machinery). Two digits per
+/// division, and 32-bit divisions below 2^32: WebAssembly has no 64-bit multiply-high, so a
+/// 64-bit division by a constant stays a division, where a 32-bit one becomes a multiply.
 #[inline]
-pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+pub fn push_u64(out: &mut Vec<u8>, v: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
+    let mut pair = |i: &mut usize, p: usize| {
+        *i -= 2;
+        buf[*i..*i + 2].copy_from_slice(&DIGIT_PAIRS[p * 2..p * 2 + 2]);
+    };
+    let mut v32 = if v > u32::MAX as u64 {
+        let mut w = v;
+        while w > u32::MAX as u64 {
+            pair(&mut i, (w % 100) as usize);
+            w /= 100;
         }
+        w as u32
+    } else {
+        v as u32
+    };
+    while v32 >= 100 {
+        pair(&mut i, (v32 % 100) as usize);
+        v32 /= 100;
+    }
+    if v32 >= 10 {
+        pair(&mut i, v32 as usize);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + v32 as u8;
     }
     push_bytes(out, &buf[i..]);
 }
@@ -398,6 +423,23 @@ pub fn push_bytes(out: &mut Vec<u8>, src: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn push_u64_writes_what_std_writes() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut values = vec![0, 9, 10, 99, 100, 101, 999, 1000, u32::MAX as u64, u32::MAX as u64 + 1, u64::MAX];
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.extend([x, x >> 17, x >> 40, x % 100_000]);
+        }
+        for v in values {
+            let mut out = vec![b'x'];
+            push_u64(&mut out, v);
+            assert_eq!(&out[1..], format!("{v}").as_bytes(), "{v}");
+        }
+    }
 
     #[test]
     fn push_bytes_appends_every_length_exactly() {

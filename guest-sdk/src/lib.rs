@@ -54,6 +54,7 @@ mod error;
 pub mod format;
 mod hash;
 mod info;
+mod key;
 pub mod nexmark;
 mod operator;
 mod record;

@@ -24,9 +24,10 @@ use serde::de::DeserializeOwned;
 
 use crate::context::Context;
 use crate::hash::FxBuildHasher;
+use crate::key::{Key, KeyRef};
 use crate::{Error, Result};
 
-type Table<V> = HashMap<Box<[u8]>, Entry<V>, FxBuildHasher>;
+type Table<V> = HashMap<Key, Entry<V>, FxBuildHasher>;
 type Shared<T> = Rc<RefCell<T>>;
 
 /// A value and the write epoch that last wrote it.
@@ -89,7 +90,7 @@ impl<V> KeyedTable<V> {
 
     #[inline]
     pub(crate) fn get(&self, slot: usize, key: &[u8]) -> Option<&V> {
-        self.groups[slot].get(key).map(|e| &e.value)
+        self.groups[slot].get(KeyRef::new(key)).map(|e| &e.value)
     }
 
     /// Before a write to an entry stamped `stamp` in group `slot`: keep its barrier-time
@@ -117,7 +118,7 @@ impl<V> KeyedTable<V> {
 
     #[inline]
     pub(crate) fn get_mut(&mut self, slot: usize, key: &[u8]) -> Option<&mut V> {
-        let e = self.groups[slot].get_mut(key)?;
+        let e = self.groups[slot].get_mut(KeyRef::new(key))?;
         if e.stamp != self.epoch {
             Self::preserve(&mut self.frozen, self.encode, slot, key, e);
             e.stamp = self.epoch;
@@ -139,13 +140,13 @@ impl<V> KeyedTable<V> {
 
     #[inline]
     pub(crate) fn remove(&mut self, slot: usize, key: &[u8]) -> Option<V> {
-        let (k, e) = self.groups[slot].remove_entry(key)?;
+        let (k, e) = self.groups[slot].remove_entry(KeyRef::new(key))?;
         if e.stamp != self.epoch {
             Self::preserve(&mut self.frozen, self.encode, slot, key, &e);
         }
         self.dirty[slot] = true;
         if self.tracking {
-            self.removed[slot].push(k);
+            self.removed[slot].push(k.0);
         }
         Some(e.value)
     }
@@ -241,7 +242,7 @@ impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
             for k in &removed {
                 // Still gone at the barrier: not back (before it) and not preserved (it
                 // existed at the barrier).
-                let back = self.groups[slot].get(&k[..]).is_some_and(|e| e.stamp == epoch);
+                let back = self.groups[slot].get(KeyRef::new(k)).is_some_and(|e| e.stamp == epoch);
                 if !back && !pre.iter().any(|(p, _)| p == k) {
                     put(out, k);
                     out.extend_from_slice(&TOMBSTONE.to_le_bytes());
@@ -268,7 +269,7 @@ impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
     }
 
     fn forget(&mut self, slot: usize, key: &[u8]) {
-        self.groups[slot].remove(key);
+        self.groups[slot].remove(KeyRef::new(key));
     }
 
     fn forget_all(&mut self) {
@@ -278,7 +279,7 @@ impl<V: Serialize + DeserializeOwned> ErasedTable for KeyedTable<V> {
     }
 
     fn query_json(&self, slot: usize, key: &[u8]) -> Result<Option<String>> {
-        let Some(e) = self.groups[slot].get(key) else { return Ok(None) };
+        let Some(e) = self.groups[slot].get(KeyRef::new(key)) else { return Ok(None) };
         serde_json::to_string(&e.value).map(Some).map_err(|e| {
             Error::msg(format!("the value cannot be shown as JSON: {e} (a map whose keys are not strings?)"))
         })
