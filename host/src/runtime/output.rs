@@ -232,13 +232,19 @@ pub struct Output {
     backpressure: Option<Arc<SubtaskMetrics>>,
 }
 
-/// Sends `m` on `tx`; if the channel is full, blocks and adds the time blocked to `counter`.
+/// Sends `m` on `tx`; if the channel is full, waits and adds the time waited to `counter`.
+///
+/// A full channel is waited on until it has drained to half ([`wait_for_half`]) before
+/// the blocking send: a producer ahead of its consumer then sleeps once per half a channel
+/// instead of once per batch, and the consumer (the bottleneck, by then) does not pay a
+/// thread wake-up for every batch it takes.
 fn send(tx: &Sender<Message>, m: Message, counter: &Option<Arc<SubtaskMetrics>>) -> Result<(), Disconnected> {
     match tx.try_send(m) {
         Ok(()) => Ok(()),
         Err(TrySendError::Disconnected(_)) => Err(Disconnected),
         Err(TrySendError::Full(m)) => {
             let t = std::time::Instant::now();
+            wait_for_half(tx);
             tx.send(m).map_err(|_| Disconnected)?;
             if let Some(c) = counter {
                 c.add_backpressured(t.elapsed());
@@ -247,6 +253,22 @@ fn send(tx: &Sender<Message>, m: Message, counter: &Option<Arc<SubtaskMetrics>>)
         }
     }
 }
+
+/// Sleeps, in growing steps, until `tx` holds at most half its capacity or about
+/// [`HALF_WAIT`] has passed (a consumer that slow, or gone, is then waited on by the blocking
+/// send, which wakes with the first free slot or the disconnection).
+fn wait_for_half(tx: &Sender<Message>) {
+    let Some(cap) = tx.capacity().filter(|&c| c >= 2) else { return };
+    let (mut pause, mut slept) = (Duration::from_micros(20), Duration::ZERO);
+    while tx.len() > cap / 2 && slept < HALF_WAIT {
+        std::thread::sleep(pause);
+        slept += pause;
+        pause = (pause * 2).min(Duration::from_micros(320));
+    }
+}
+
+/// How long a producer at a full channel sleeps waiting for it to drain to half.
+const HALF_WAIT: Duration = Duration::from_millis(2);
 
 impl Output {
     /// Sends batches once they reach `batch_records` records or `batch_bytes` bytes.
