@@ -118,23 +118,22 @@ impl Batch {
     pub fn retag_all(&mut self, from: u32, to: u32) -> bool {
         let mut at = 0;
         while at + HEADER_LEN <= self.buf.len() {
-            let h = &mut self.buf[at..at + HEADER_LEN];
-            if h[..4] != from.to_le_bytes() {
+            if self.buf[at..at + 4] != from.to_le_bytes() {
                 self.retag_before(at, from);
                 return false;
             }
-            h[..4].copy_from_slice(&to.to_le_bytes());
-            let word = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap()) as usize;
-            at += HEADER_LEN + word(12) + word(16);
+            self.buf[at..at + 4].copy_from_slice(&to.to_le_bytes());
+            at = self.next_header(at);
         }
         true
     }
 
     /// Gives the records before offset `end` the tag `tag` back.
     fn retag_before(&mut self, end: usize, tag: u32) {
-        let heads: Vec<usize> = self.headers().take_while(|&at| at < end).collect();
-        for at in heads {
+        let mut at = 0;
+        while at < end {
             self.buf[at..at + 4].copy_from_slice(&tag.to_le_bytes());
+            at = self.next_header(at);
         }
     }
 
@@ -144,18 +143,12 @@ impl Batch {
         self.len += other.len;
     }
 
-    /// Offsets of the record headers (the batch is well formed, by its invariant).
-    fn headers(&self) -> impl Iterator<Item = usize> + '_ {
-        let mut at = 0;
-        std::iter::from_fn(move || {
-            if at + HEADER_LEN > self.buf.len() {
-                return None;
-            }
-            let word = |o: usize| u32::from_le_bytes(self.buf[at + o..at + o + 4].try_into().unwrap()) as usize;
-            let this = at;
-            at += HEADER_LEN + word(12) + word(16);
-            Some(this)
-        })
+    /// The offset of the record after the one whose header is at `at` (the batch is well
+    /// formed, by its invariant).
+    #[inline]
+    fn next_header(&self, at: usize) -> usize {
+        let word = |o: usize| u32::from_le_bytes(self.buf[at + o..at + o + 4].try_into().unwrap()) as usize;
+        at + HEADER_LEN + word(12) + word(16)
     }
 
     /// Takes the contents, leaving an empty batch with the same capacity hint.

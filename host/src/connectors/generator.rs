@@ -74,11 +74,14 @@ impl Generator {
         while n < max && self.next < self.cfg.count {
             let i = self.next;
             let key = Decimal::new(self.key_index);
-            let number = Decimal::new(i);
-            self.value.clear();
+            let number;
             let value = match self.cfg.value_bytes {
-                None => number.as_bytes(),
+                None => {
+                    number = Decimal::new(i);
+                    number.as_bytes()
+                }
                 Some(len) => {
+                    self.value.clear();
                     let mut s = splitmix64(self.cfg.seed ^ i.wrapping_mul(0x2545_f491_4f6c_dd1d));
                     while self.value.len() < len as usize {
                         s = splitmix64(s);

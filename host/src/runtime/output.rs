@@ -348,9 +348,12 @@ impl Output {
     fn forward_whole(&mut self, mut batch: Batch) -> Result<Option<Batch>, Disconnected> {
         let (limit_n, limit_b) = (self.batch_records, self.batch_bytes);
         let Some(port) = batch.iter().next().map(|r| r.tag) else { return Ok(None) };
-        let on_port = self.edges.iter().filter(|e| e.port == port).count();
+        let (on_port, forward) = self
+            .edges
+            .iter()
+            .filter(|e| e.port == port)
+            .fold((0, true), |(n, all), e| (n + 1, all && !e.ended && e.selector.is_forward()));
         let fits = batch.len() <= limit_n && batch.byte_len() <= limit_b;
-        let forward = self.edges.iter().filter(|e| e.port == port).all(|e| !e.ended && e.selector.is_forward());
         if on_port == 0 || !fits || !forward || !batch.retag_all(port, crate::record::NO_KEY_GROUP) {
             return Ok(Some(batch));
         }
