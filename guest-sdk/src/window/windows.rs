@@ -149,7 +149,9 @@ impl<A: Serialize + DeserializeOwned + Default + 'static> Windows<A> {
         let fx = match table.get_mut(slot, key) {
             Some(open) => self.rules.add(open, time, watermark, add),
             None => {
-                let mut open = Vec::new();
+                // Most keys have one window open at a time (sessions, tumbling): a `Vec::new()`
+                // would reserve four on its first push, tripling the key's allocation.
+                let mut open = Vec::with_capacity(1);
                 let fx = self.rules.add(&mut open, time, watermark, add);
                 if !open.is_empty() {
                     table.insert(slot, key, open);
