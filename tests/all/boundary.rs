@@ -215,7 +215,7 @@ fn boundary_event_timers_fire_through_on_timer_and_watermarks_reach_the_guest() 
     let mut i = instance(&c, 1, 0);
     i.process(Side::Left, &keyed(&[("a", "timer:100"), ("b", "timer:50"), ("a", "timer:100")])).unwrap();
     assert_eq!(i.host().event_timers.len(), 2, "duplicate timer registered once");
-    let due = i.host().event_timers.pop_due(120);
+    let due = i.host().event_timers.pop_due(120, usize::MAX);
     i.on_timer(TimeDomain::EventTime, &due).unwrap();
     i.on_watermark(120).unwrap();
     let ev: Vec<_> = emitted(&mut i).into_iter().map(|e| (e.0, e.2)).collect();

@@ -247,8 +247,8 @@ mod tests {
         let d1 =
             vec![kg(3, state(&[(b"e", b"5")])), kg(0, delta(&[(b"a", Some(b"9")), (b"b", None)])), kg(1, delta(&[]))];
         let mut d2 = vec![kg(1, delta(&[(b"f", Some(b"6"))])), kg(3, delta(&[])), kg(0, delta(&[]))];
-        d2[0].event_timers = vec![(5, b"f".to_vec())];
-        d2.push(KeyGroupSnapshot { processing_timers: vec![(7, b"x".to_vec())], ..kg(5, Vec::new()) });
+        d2[0].event_timers = vec![(5, b"f".to_vec())].into();
+        d2.push(KeyGroupSnapshot { processing_timers: vec![(7, b"x".to_vec())].into(), ..kg(5, Vec::new()) });
         vec![base, d1, d2]
     }
 

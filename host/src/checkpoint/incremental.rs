@@ -300,7 +300,7 @@ pub(crate) mod tests {
 
     /// A key group's snapshot without timers.
     pub(crate) fn kg(key_group: u32, data: Vec<u8>) -> KeyGroupSnapshot {
-        KeyGroupSnapshot { key_group, data, event_timers: vec![], processing_timers: vec![] }
+        KeyGroupSnapshot { key_group, data, event_timers: Default::default(), processing_timers: Default::default() }
     }
 
     /// A full blob of the one state `s`.
@@ -329,12 +329,12 @@ pub(crate) mod tests {
             kg(1, encode_delta(&[("s".into(), vec![(b"f".to_vec(), Some(b"6".to_vec()))])])),
             kg(3, encode_delta(&[])),
         ];
-        d2[1].event_timers = vec![(5, b"f".to_vec())];
+        d2[1].event_timers = vec![(5, b"f".to_vec())].into();
         let folded = fold_keyed(vec![base, d1, d2]).unwrap();
         assert_eq!(folded.len(), 3);
         assert_eq!(folded[0].data, state(&[(b"a", b"9")]));
         assert_eq!(folded[1].data, state(&[(b"c", b"3"), (b"f", b"6")]));
-        assert_eq!(folded[1].event_timers, vec![(5, b"f".to_vec())]);
+        assert_eq!(folded[1].event_timers, vec![(5, b"f".to_vec())].into());
         assert_eq!(folded[2], kg(3, state(&[(b"e", b"5")])));
         let bad = vec![vec![kg(0, state(&[(b"a", b"1")]))], vec![kg(0, vec![0, 0, 0, 0x80, 1])]];
         assert_eq!(fold_keyed(bad).unwrap_err().0, 0);

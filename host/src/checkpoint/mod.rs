@@ -18,5 +18,6 @@ pub mod remote;
 pub mod remote_savepoint;
 pub mod snapshot;
 pub mod storage;
+pub mod timer_list;
 pub mod unaligned;
 pub mod upgrade;

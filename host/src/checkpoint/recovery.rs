@@ -466,8 +466,8 @@ mod tests {
                 .map(|&g| KeyGroupSnapshot {
                     key_group: g,
                     data: vec![g as u8],
-                    event_timers: vec![],
-                    processing_timers: vec![],
+                    event_timers: Default::default(),
+                    processing_timers: Default::default(),
                 })
                 .collect();
             states.insert(("op".to_string(), i), SubtaskState { keyed, ..Default::default() });

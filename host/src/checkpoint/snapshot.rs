@@ -12,8 +12,8 @@ use bincode::Options as _;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// Timers of one key group: (time, key).
-pub type Timers = Vec<(i64, Vec<u8>)>;
+/// Timers of one key group: (time, key), packed (encoded as `Vec<(i64, Vec<u8>)>`).
+pub type Timers = crate::checkpoint::timer_list::TimerList;
 
 /// The state of one key group of one operator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -443,8 +443,8 @@ mod tests {
             keyed: vec![KeyGroupSnapshot {
                 key_group: 3,
                 data: vec![1, 2, 3],
-                event_timers: vec![(5, b"k".to_vec())],
-                processing_timers: vec![],
+                event_timers: vec![(5, b"k".to_vec())].into(),
+                processing_timers: Default::default(),
             }],
             operator_state: vec![9],
             source: Some(SourcePosition::File { offset: 10, line: 2 }),
@@ -471,16 +471,27 @@ mod tests {
     #[test]
     fn byte_fields_keep_the_vec_encoding() {
         // Files written before byte strings were serialized in one piece still decode.
+        // So do files written before timers were packed (`Vec<(i64, Vec<u8>)>`).
         #[derive(serde::Serialize)]
         struct Old {
             key_group: u32,
             data: Vec<u8>,
-            event_timers: Timers,
-            processing_timers: Timers,
+            event_timers: Vec<(i64, Vec<u8>)>,
+            processing_timers: Vec<(i64, Vec<u8>)>,
         }
-        let old = Old { key_group: 3, data: vec![1, 2, 3], event_timers: vec![], processing_timers: vec![] };
-        let new =
-            KeyGroupSnapshot { key_group: 3, data: vec![1, 2, 3], event_timers: vec![], processing_timers: vec![] };
+        let (event, processing) = (vec![(5, b"k".to_vec()), (-9, vec![])], vec![(7, vec![0; 30])]);
+        let old = Old {
+            key_group: 3,
+            data: vec![1, 2, 3],
+            event_timers: event.clone(),
+            processing_timers: processing.clone(),
+        };
+        let new = KeyGroupSnapshot {
+            key_group: 3,
+            data: vec![1, 2, 3],
+            event_timers: event.into(),
+            processing_timers: processing.into(),
+        };
         assert_eq!(bincode::serialize(&old).unwrap(), bincode::serialize(&new).unwrap());
         assert_eq!(bincode::deserialize::<KeyGroupSnapshot>(&bincode::serialize(&old).unwrap()).unwrap(), new);
     }
@@ -502,8 +513,8 @@ mod tests {
         let g = |kg: u32| KeyGroupSnapshot {
             key_group: kg,
             data: vec![kg as u8],
-            event_timers: vec![],
-            processing_timers: vec![],
+            event_timers: Default::default(),
+            processing_timers: Default::default(),
         };
         w.group(&g(9)).unwrap();
         w.group(&g(2)).unwrap();

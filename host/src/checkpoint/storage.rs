@@ -838,8 +838,8 @@ mod tests {
         let kg = crate::checkpoint::snapshot::KeyGroupSnapshot {
             key_group: 1,
             data,
-            event_timers: vec![],
-            processing_timers: vec![],
+            event_timers: Default::default(),
+            processing_timers: Default::default(),
         };
         SubtaskState { keyed: vec![kg], ..Default::default() }
     }

@@ -39,6 +39,11 @@ use crate::sandbox::host::HostState;
 use crate::sandbox::instance::GuestError;
 use crate::sandbox::timers::now_ms;
 
+/// Timers handed to the guest per `on-timer` call: a watermark that passes a million timers
+/// fires them in bounded calls, and what each call emits is routed on before the next, so
+/// neither the timer batch nor the guest's output grows with the number due.
+const TIMERS_PER_CALL: usize = 4096;
+
 /// State to restore before the first record.
 pub struct Restore {
     /// The state schema version it was written with.
@@ -248,8 +253,8 @@ fn add_chunk(state: &mut SubtaskState, chunk: Vec<KeyGroupState>) {
                 state.keyed.push(KeyGroupSnapshot {
                     key_group: k.key_group,
                     data: k.data,
-                    event_timers: vec![],
-                    processing_timers: vec![],
+                    event_timers: Default::default(),
+                    processing_timers: Default::default(),
                 });
             }
         }
@@ -265,13 +270,18 @@ pub fn capture(instance: &mut dyn OperatorLogic, snap: OperatorSnapshot) -> Subt
             let s = KeyGroupSnapshot {
                 key_group: k.key_group,
                 data: k.data,
-                event_timers: vec![],
-                processing_timers: vec![],
+                event_timers: Default::default(),
+                processing_timers: Default::default(),
             };
             (k.key_group, s)
         })
         .collect();
-    let empty = |kg| KeyGroupSnapshot { key_group: kg, data: vec![], event_timers: vec![], processing_timers: vec![] };
+    let empty = |kg| KeyGroupSnapshot {
+        key_group: kg,
+        data: vec![],
+        event_timers: Default::default(),
+        processing_timers: Default::default(),
+    };
     let host = instance.host();
     for (kg, t) in host.event_timers.by_key_group() {
         groups.entry(kg).or_insert_with(|| empty(kg)).event_timers = t;
@@ -302,10 +312,10 @@ pub fn put_state(
     let host = instance.host();
     for k in &state.keyed {
         for (t, key) in &k.event_timers {
-            host.event_timers.register(*t, k.key_group, key);
+            host.event_timers.register(t, k.key_group, key);
         }
         for (t, key) in &k.processing_timers {
-            host.processing_timers.register(*t, k.key_group, key);
+            host.processing_timers.register(t, k.key_group, key);
         }
     }
     Ok(())
@@ -441,8 +451,8 @@ impl OperatorTask {
             }
             let host = self.instance.host();
             let due = match domain {
-                TimeDomain::EventTime => host.event_timers.pop_due(now),
-                TimeDomain::ProcessingTime => host.processing_timers.pop_due(now),
+                TimeDomain::EventTime => host.event_timers.pop_due(now, TIMERS_PER_CALL),
+                TimeDomain::ProcessingTime => host.processing_timers.pop_due(now, TIMERS_PER_CALL),
             };
             if due.is_empty() {
                 return Ok(());
@@ -475,16 +485,24 @@ impl OperatorTask {
     /// watermark closes event-time ones). Timers registered while they fire are dropped, so a
     /// timer that re-arms itself (a periodic flush) cannot keep the subtask from ending.
     fn fire_pending_processing_timers(&mut self) -> Result<(), TaskFailure> {
-        let due = self.instance.host().processing_timers.pop_due(i64::MAX);
+        let due = self.instance.host().processing_timers.pop_due(i64::MAX, usize::MAX);
         if due.is_empty() {
             return Ok(());
         }
-        let t = Instant::now();
-        let r = self.instance.on_timer(TimeDomain::ProcessingTime, &due);
-        self.count_call(t);
-        r.map_err(|e| self.guest(e))?;
-        self.route_emitted()?;
-        self.instance.host().processing_timers.pop_due(i64::MAX);
+        // In bounded calls, each one's output flushed before the next (as `fire_timers`).
+        let mut records = due.iter().peekable();
+        while records.peek().is_some() {
+            let mut chunk = Batch::default();
+            for r in records.by_ref().take(TIMERS_PER_CALL) {
+                chunk.push(r.tag, r.timestamp, r.key, r.value);
+            }
+            let t = Instant::now();
+            let r = self.instance.on_timer(TimeDomain::ProcessingTime, &chunk);
+            self.count_call(t);
+            r.map_err(|e| self.guest(e))?;
+            self.route_emitted()?;
+        }
+        self.instance.host().processing_timers.pop_due(i64::MAX, usize::MAX);
         self.account(0);
         Ok(())
     }
@@ -618,8 +636,8 @@ impl OperatorTask {
                 None => KeyGroupSnapshot {
                     key_group: k.key_group,
                     data: k.data,
-                    event_timers: vec![],
-                    processing_timers: vec![],
+                    event_timers: Default::default(),
+                    processing_timers: Default::default(),
                 },
             })
             .collect();

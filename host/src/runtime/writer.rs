@@ -30,13 +30,7 @@ struct Open {
 
 /// Bytes a snapshot part or state is about to take on disk (its data; headers aside).
 fn state_bytes(groups: &[crate::checkpoint::snapshot::KeyGroupSnapshot]) -> u64 {
-    groups
-        .iter()
-        .map(|g| {
-            g.data.len() as u64
-                + g.event_timers.iter().chain(&g.processing_timers).map(|(_, k)| k.len() as u64 + 8).sum::<u64>()
-        })
-        .sum()
+    groups.iter().map(|g| g.data.len() as u64 + g.event_timers.data_bytes() + g.processing_timers.data_bytes()).sum()
 }
 
 /// Runs the writer until every sender is dropped. With `budget` (a tenant's disk quota under

@@ -149,7 +149,7 @@ impl timers::Host for HostState {
         }
         let held = self.event_timers.bytes() + self.processing_timers.bytes();
         let max = (self.limits.max_timer_mb << 20) as usize;
-        if held + key.len() + crate::sandbox::timers::TIMER_OVERHEAD > max {
+        if held + TimerQueue::charge(key.len()) > max {
             wasmtime::bail!(
                 "{}: exceeded its timer limit: {held} bytes of timers held, and max_timer_mb = {} MiB; delete fired \
                  or stale timers, or raise [limits] max_timer_mb",
