@@ -310,11 +310,22 @@ pub fn put_state(
     };
     instance.restore(schema_version, &snap)?;
     let host = instance.host();
+    // Timers in a checkpoint count against the same limits as registered ones: a savepoint (a
+    // tenant's upload, or one taken at a higher parallelism) cannot make the host hold more.
+    let refuse = |why: String| GuestError::Failed {
+        call: "restore",
+        message: format!(
+            "the restored state's timers do not fit: {why}; restore at a higher parallelism (fewer timers per \
+             subtask), or raise [limits] max_timer_mb"
+        ),
+    };
     for k in &state.keyed {
         for (t, key) in &k.event_timers {
+            host.admit_timer(key.len()).map_err(refuse)?;
             host.event_timers.register(t, k.key_group, key);
         }
         for (t, key) in &k.processing_timers {
+            host.admit_timer(key.len()).map_err(refuse)?;
             host.processing_timers.register(t, k.key_group, key);
         }
     }
@@ -1405,6 +1416,50 @@ impl OperatorTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Restored timers are charged like registered ones: a checkpoint holding more timers than
+    /// the subtask may hold is refused naming the limit, not loaded into host memory.
+    #[test]
+    fn restored_timers_count_against_the_timer_limit() {
+        use crate::checkpoint::timer_list::TimerList;
+        use crate::operator::native::NativeKeyedCount;
+        let instance = || {
+            let task = crate::sandbox::bindings::types::TaskInfo {
+                job_name: "j".into(),
+                operator_uid: "count".into(),
+                subtask_index: 0,
+                parallelism: 1,
+                max_parallelism: 4,
+                key_group_start: 0,
+                key_group_end: 4,
+            };
+            let mut host = HostState::new(task, 0);
+            host.limits.max_timer_mb = 1;
+            NativeKeyedCount::new(host)
+        };
+        let state = |n: u64| {
+            let mut timers = TimerList::default();
+            for i in 0..n {
+                timers.push(i as i64, &i.to_le_bytes());
+            }
+            SubtaskState {
+                keyed: vec![KeyGroupSnapshot {
+                    key_group: 2,
+                    data: vec![],
+                    event_timers: timers,
+                    processing_timers: Default::default(),
+                }],
+                ..Default::default()
+            }
+        };
+        let mut ok = instance();
+        put_state(&mut ok, 1, &state(1000)).unwrap();
+        assert_eq!(ok.host().event_timers.len(), 1000);
+        // 1 MiB holds 16 384 timers of 64 bytes.
+        let mut refused = instance();
+        let e = put_state(&mut refused, 1, &state(20_000)).unwrap_err().to_string();
+        assert!(e.contains("timers do not fit") && e.contains("max_timer_mb = 1 MiB"), "{e}");
+    }
 
     /// The records a loop head keeps for a checkpoint in progress are in flight too: they
     /// count against the job's budget until handed to the writer or dropped (abort).

@@ -137,6 +137,27 @@ impl collector::Host for HostState {
     }
 }
 
+impl HostState {
+    /// Whether one more timer of a `key_len`-byte key fits this instance's limits (host
+    /// memory the guest makes the host hold): why not, naming the limit, when it does not.
+    /// Registered and restored timers alike.
+    pub fn admit_timer(&self, key_len: usize) -> Result<(), String> {
+        if self.event_timers.len() + self.processing_timers.len() >= MAX_TIMERS {
+            return Err(format!("more than {MAX_TIMERS} timers (the most one subtask may hold)"));
+        }
+        let held = self.event_timers.bytes() + self.processing_timers.bytes();
+        let max = (self.limits.max_timer_mb << 20) as usize;
+        if held + TimerQueue::charge(key_len) > max {
+            return Err(format!(
+                "exceeded its timer limit: {held} bytes of timers held, and max_timer_mb = {} MiB (raise [limits] \
+                 max_timer_mb)",
+                self.limits.max_timer_mb
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl timers::Host for HostState {
     fn register(&mut self, domain: types::TimeDomain, key_group: u32, key: Vec<u8>, time: i64) -> wasmtime::Result<()> {
         self.check_key_group(key_group)?;
@@ -144,18 +165,8 @@ impl timers::Host for HostState {
         if key.len() > MAX_TIMER_KEY {
             wasmtime::bail!("{}: timer key of {} bytes exceeds {MAX_TIMER_KEY}", self.label, key.len());
         }
-        if self.event_timers.len() + self.processing_timers.len() >= MAX_TIMERS {
-            wasmtime::bail!("{}: more than {MAX_TIMERS} timers registered; delete fired or stale ones", self.label);
-        }
-        let held = self.event_timers.bytes() + self.processing_timers.bytes();
-        let max = (self.limits.max_timer_mb << 20) as usize;
-        if held + TimerQueue::charge(key.len()) > max {
-            wasmtime::bail!(
-                "{}: exceeded its timer limit: {held} bytes of timers held, and max_timer_mb = {} MiB; delete fired \
-                 or stale timers, or raise [limits] max_timer_mb",
-                self.label,
-                self.limits.max_timer_mb
-            );
+        if let Err(why) = self.admit_timer(key.len()) {
+            wasmtime::bail!("{}: {why}; delete fired or stale timers", self.label);
         }
         match domain {
             types::TimeDomain::EventTime => self.event_timers.register(time, key_group, &key),
