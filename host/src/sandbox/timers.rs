@@ -84,8 +84,14 @@ impl PartialOrd for Timer {
 }
 
 impl Ord for Timer {
+    #[inline]
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.parts().cmp(&other.parts())
+        // Times differ in almost every comparison of the tree's search: the key group and
+        // key are looked at only when they are equal.
+        self.time
+            .cmp(&other.time)
+            .then_with(|| self.key.key_group().cmp(&other.key.key_group()))
+            .then_with(|| self.key.key().cmp(other.key.key()))
     }
 }
 
