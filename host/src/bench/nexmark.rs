@@ -4,6 +4,12 @@
 //! guessing how many cores a pipeline of threads kept busy), what the checkpoints cost, their
 //! durations and the peak RSS.
 //!
+//! What checkpoints cost, three ways, because on a small shared machine the wall-clock one
+//! alone is noise of ±10 %: the throughput lost (wall clock), the CPU time added per event
+//! (snapshots, serialization and writes are CPU the job would not otherwise spend, on whatever
+//! core), and the stall: the synchronous parts (the only time a subtask's stream stops for a
+//! checkpoint), summed over the run's checkpoints as the slowest subtask's, as a share of the run.
+//!
 //! The comparison: Flink's Nexmark figures as the issue quotes them (Alibaba's run on 8 CUs:
 //! q0-q2 at 4-6.5 M events/s, i.e. about 0.5-0.8 M/s per core; q4, q5 at 0.15-0.63 M/s, i.e.
 //! about 20-80 k/s per core), printed beside ours, not measured here.
@@ -60,9 +66,9 @@ pub fn nexmark(opts: &BenchOptions, events: u64, only: &[String]) -> Result<(), 
          the ratio uses the upper end.\n"
     );
     println!(
-        "| query | p | events/s (off) | per CPU-second | vs Flink per core | events/s (1 s) | checkpoint cost | checkpoints per run | mean duration | max duration | peak RSS |"
+        "| query | p | events/s (off) | per CPU-second | vs Flink per core | events/s (1 s) | checkpoint cost | CPU per event | stall | checkpoints per run | mean duration | max duration | peak RSS |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (query, flink) in QUERIES.iter().filter(|(q, _)| only.is_empty() || only.iter().any(|o| o == q)) {
         let job = format!("{query}.toml");
         for p in [1u32, 2] {
@@ -94,13 +100,22 @@ pub fn nexmark(opts: &BenchOptions, events: u64, only: &[String]) -> Result<(), 
                 on.iter().flat_map(|r| r.checkpoints.iter().take(r.checkpoints.len().saturating_sub(1))).collect();
             let rss = median(on.iter().map(|r| r.peak_rss_bytes as f64).collect());
             let per_core = median(off.iter().map(|r| events as f64 / (r.cpu_ms / 1e3).max(1e-9)).collect());
+            let cpu = |runs: &[RunReport]| median(runs.iter().map(|r| r.cpu_ms).collect());
+            let cpu_cost = (cpu(&on) - cpu(&off)) / cpu(&off).max(1e-9) * 100.0;
+            let stall = median(
+                on.iter()
+                    .map(|r| r.checkpoints.iter().map(|c| c.sync_ms_max).sum::<f64>() / r.elapsed_ms.max(1e-9) * 100.0)
+                    .collect(),
+            );
             println!(
-                "| {query} | {p} | {:.2} M | {:.2} M | {} | {:.2} M | {:+.1} % | {:.1} | {:.1} ms | {:.1} ms | {} |",
+                "| {query} | {p} | {:.2} M | {:.2} M | {} | {:.2} M | {:+.1} % | {:+.1} % | {:.2} % | {:.1} | {:.1} ms | {:.1} ms | {} |",
                 r_off / 1e6,
                 per_core / 1e6,
                 flink.map_or("–".to_string(), |(_, high)| format!("{:.1}x", per_core / high)),
                 r_on / 1e6,
                 (r_off - r_on) / r_off.max(1e-9) * 100.0,
+                cpu_cost,
+                stall,
                 cps.len() as f64 / on.len().max(1) as f64,
                 mean(cps.iter().map(|c| c.duration_ms)),
                 cps.iter().map(|c| c.duration_ms).fold(0.0, f64::max),
