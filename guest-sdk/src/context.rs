@@ -348,6 +348,15 @@ const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
 6061626364656667686970717273747576777879\
 8081828384858687888990919293949596979899";
 
+/// Appends `v` in decimal to `out`, with a `-` when negative: [`push_u64`] of its magnitude.
+#[inline]
+pub fn push_i64(out: &mut Vec<u8>, v: i64) {
+    if v < 0 {
+        out.push(b'-');
+    }
+    push_u64(out, v.unsigned_abs());
+}
+
 /// Appends `v` in decimal to `out` (no allocation, no formatting machinery). Two digits per
 /// division, and 32-bit divisions below 2^32: WebAssembly has no 64-bit multiply-high, so a
 /// 64-bit division by a constant stays a division, where a 32-bit one becomes a multiply.
@@ -438,6 +447,15 @@ mod tests {
             let mut out = vec![b'x'];
             push_u64(&mut out, v);
             assert_eq!(&out[1..], format!("{v}").as_bytes(), "{v}");
+        }
+    }
+
+    #[test]
+    fn push_i64_writes_what_std_writes() {
+        for v in [0, 1, -1, 9, -10, 1_700_000_000_000, -1_700_000_000_123, i64::MAX, i64::MIN, i64::MIN + 1] {
+            let mut out = Vec::new();
+            push_i64(&mut out, v);
+            assert_eq!(out, format!("{v}").as_bytes(), "{v}");
         }
     }
 

@@ -64,7 +64,7 @@ pub mod window;
 /// The state value encoding (bincode 1.x defaults, see the WIT), for `migrate_value`.
 pub use bincode;
 pub use bytes::Bytes;
-pub use context::{Context, FLUSH_BYTES, OpenContext, push_bytes, push_u64};
+pub use context::{Context, FLUSH_BYTES, OpenContext, push_bytes, push_i64, push_u64};
 pub use error::{Error, Result};
 pub use info::{OperatorInfo, Redistribution, StateDescriptor, StateKind};
 pub use operator::{CoOperator, Operator, TimeDomain};

@@ -13,7 +13,7 @@ use weir_guest::nexmark::{self, Event};
 use weir_guest::window::{IntervalJoin, Tumbling, Window, WindowJoin};
 use weir_guest::{
     CoOperator, Context, Error, OpenContext, Operator, OperatorInfo, Record, Result, StateDescriptor, TimeDomain,
-    ValueState,
+    ValueState, push_i64, push_u64,
 };
 
 #[derive(Clone, Default, Serialize, Deserialize)]
@@ -65,7 +65,16 @@ fn q8_fire(ctx: &mut Context<'_>, w: Window, persons: &[PersonRow], auctions: &[
 
 fn early_bid(ctx: &mut Context<'_>, auction: &u64, bid: &(u64, u64, i64)) {
     let key = ctx.key();
-    ctx.emit(key, format!("{auction},{},{},{}", bid.0, bid.1, bid.2).as_bytes());
+    // Written in place: `format!` was a sixth of the join's time at a match per bid.
+    ctx.emit_with(key, |v| {
+        push_u64(v, *auction);
+        v.push(b',');
+        push_u64(v, bid.0);
+        v.push(b',');
+        push_u64(v, bid.1);
+        v.push(b',');
+        push_i64(v, bid.2);
+    });
 }
 
 impl Operator for Joins {

@@ -1,7 +1,7 @@
 //! The stateless queries: q0 (pass-through), q1 (currency conversion), q2 (selection).
 
 use weir_guest::nexmark;
-use weir_guest::{Context, Error, Record, Result, push_bytes, push_u64};
+use weir_guest::{Context, Error, Record, Result, push_bytes, push_i64, push_u64};
 
 use crate::{Stage, not_an_event};
 
@@ -27,13 +27,6 @@ impl Stage for Q0 {
         });
         Ok(())
     }
-}
-
-fn push_i64(v: &mut Vec<u8>, x: i64) {
-    if x < 0 {
-        v.push(b'-');
-    }
-    push_u64(v, x.unsigned_abs());
 }
 
 /// q1: bids with the price converted to euros, `auction,bidder,euro cents,date_time` (integer
