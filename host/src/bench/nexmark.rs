@@ -101,7 +101,8 @@ pub fn nexmark(opts: &BenchOptions, events: u64, only: &[String]) -> Result<(), 
             let rss = median(on.iter().map(|r| r.peak_rss_bytes as f64).collect());
             let per_core = median(off.iter().map(|r| events as f64 / (r.cpu_ms / 1e3).max(1e-9)).collect());
             let cpu = |runs: &[RunReport]| median(runs.iter().map(|r| r.cpu_ms).collect());
-            let cpu_cost = (cpu(&on) - cpu(&off)) / cpu(&off).max(1e-9) * 100.0;
+            let (cpu_off, cpu_on) = (cpu(&off), cpu(&on));
+            let cpu_cost = (cpu_on - cpu_off) / cpu_off.max(1e-9) * 100.0;
             let stall = median(
                 on.iter()
                     .map(|r| r.checkpoints.iter().map(|c| c.sync_ms_max).sum::<f64>() / r.elapsed_ms.max(1e-9) * 100.0)

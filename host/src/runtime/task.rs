@@ -320,13 +320,13 @@ pub fn put_state(
         ),
     };
     for k in &state.keyed {
-        for (t, key) in &k.event_timers {
-            host.admit_timer(key.len()).map_err(refuse)?;
-            host.event_timers.register(t, k.key_group, key);
-        }
-        for (t, key) in &k.processing_timers {
-            host.admit_timer(key.len()).map_err(refuse)?;
-            host.processing_timers.register(t, k.key_group, key);
+        for (domain, timers) in
+            [(TimeDomain::EventTime, &k.event_timers), (TimeDomain::ProcessingTime, &k.processing_timers)]
+        {
+            for (t, key) in timers {
+                host.admit_timer(key.len()).map_err(refuse)?;
+                host.timers(domain).register(t, k.key_group, key);
+            }
         }
     }
     Ok(())
@@ -460,20 +460,21 @@ impl OperatorTask {
                     detail: None,
                 }));
             }
-            let host = self.instance.host();
-            let due = match domain {
-                TimeDomain::EventTime => host.event_timers.pop_due(now, TIMERS_PER_CALL),
-                TimeDomain::ProcessingTime => host.processing_timers.pop_due(now, TIMERS_PER_CALL),
-            };
+            let due = self.instance.host().timers(domain).pop_due(now, TIMERS_PER_CALL);
             if due.is_empty() {
                 return Ok(());
             }
-            let t = Instant::now();
-            let r = self.instance.on_timer(domain, &due);
-            self.count_call(t);
-            r.map_err(|e| self.guest(e))?;
-            self.route_emitted()?;
+            self.call_on_timer(domain, &due)?;
         }
+    }
+
+    /// Hands `due` timers to the guest and routes what it emitted.
+    fn call_on_timer(&mut self, domain: TimeDomain, due: &Batch) -> Result<(), TaskFailure> {
+        let t = Instant::now();
+        let r = self.instance.on_timer(domain, due);
+        self.count_call(t);
+        r.map_err(|e| self.guest(e))?;
+        self.route_emitted()
     }
 
     /// Fires the processing-time timers the clock has passed: when idle and after every
@@ -507,11 +508,7 @@ impl OperatorTask {
             for r in records.by_ref().take(TIMERS_PER_CALL) {
                 chunk.push(r.tag, r.timestamp, r.key, r.value);
             }
-            let t = Instant::now();
-            let r = self.instance.on_timer(TimeDomain::ProcessingTime, &chunk);
-            self.count_call(t);
-            r.map_err(|e| self.guest(e))?;
-            self.route_emitted()?;
+            self.call_on_timer(TimeDomain::ProcessingTime, &chunk)?;
         }
         self.instance.host().processing_timers.pop_due(i64::MAX, usize::MAX);
         self.account(0);
@@ -1459,6 +1456,11 @@ mod tests {
         let mut refused = instance();
         let e = put_state(&mut refused, 1, &state(20_000)).unwrap_err().to_string();
         assert!(e.contains("timers do not fit") && e.contains("max_timer_mb = 1 MiB"), "{e}");
+        // A key longer than a guest may register is refused on restore too.
+        let mut long = state(0);
+        long.keyed[0].event_timers.push(1, &vec![0; crate::sandbox::host::MAX_TIMER_KEY + 1]);
+        let e = put_state(&mut instance(), 1, &long).unwrap_err().to_string();
+        assert!(e.contains("timer key of 65537 bytes exceeds 65536"), "{e}");
     }
 
     /// The records a loop head keeps for a checkpoint in progress are in flight too: they

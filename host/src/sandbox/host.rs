@@ -142,6 +142,9 @@ impl HostState {
     /// memory the guest makes the host hold): why not, naming the limit, when it does not.
     /// Registered and restored timers alike.
     pub fn admit_timer(&self, key_len: usize) -> Result<(), String> {
+        if key_len > MAX_TIMER_KEY {
+            return Err(format!("timer key of {key_len} bytes exceeds {MAX_TIMER_KEY}"));
+        }
         if self.event_timers.len() + self.processing_timers.len() >= MAX_TIMERS {
             return Err(format!("more than {MAX_TIMERS} timers (the most one subtask may hold)"));
         }
@@ -156,31 +159,30 @@ impl HostState {
         }
         Ok(())
     }
+
+    /// The timers of `domain`.
+    pub fn timers(&mut self, domain: types::TimeDomain) -> &mut TimerQueue {
+        match domain {
+            types::TimeDomain::EventTime => &mut self.event_timers,
+            types::TimeDomain::ProcessingTime => &mut self.processing_timers,
+        }
+    }
 }
 
 impl timers::Host for HostState {
     fn register(&mut self, domain: types::TimeDomain, key_group: u32, key: Vec<u8>, time: i64) -> wasmtime::Result<()> {
         self.check_key_group(key_group)?;
         // Timers live in host memory: bounded like the guest's own.
-        if key.len() > MAX_TIMER_KEY {
-            wasmtime::bail!("{}: timer key of {} bytes exceeds {MAX_TIMER_KEY}", self.label, key.len());
-        }
         if let Err(why) = self.admit_timer(key.len()) {
             wasmtime::bail!("{}: {why}; delete fired or stale timers", self.label);
         }
-        match domain {
-            types::TimeDomain::EventTime => self.event_timers.register(time, key_group, &key),
-            types::TimeDomain::ProcessingTime => self.processing_timers.register(time, key_group, &key),
-        }
+        self.timers(domain).register(time, key_group, &key);
         Ok(())
     }
 
     fn delete(&mut self, domain: types::TimeDomain, key_group: u32, key: Vec<u8>, time: i64) -> wasmtime::Result<()> {
         self.check_key_group(key_group)?;
-        match domain {
-            types::TimeDomain::EventTime => self.event_timers.delete(time, key_group, &key),
-            types::TimeDomain::ProcessingTime => self.processing_timers.delete(time, key_group, &key),
-        }
+        self.timers(domain).delete(time, key_group, &key);
         Ok(())
     }
 }
