@@ -109,7 +109,7 @@ fn run_oracle(dir: &Path, toml: &str, faults: Option<Arc<FaultPlan>>) -> Outcome
     let summary = executor::run(&bound, &RunOptions { quiet_guests: true, faults, ..Default::default() })
         .unwrap_or_else(|e| panic!("run failed: {e}"));
     let store = CheckpointStore::new(&dir.join("chk"), "loop-eo");
-    let last = store.latest(|e| panic!("{e}")).unwrap();
+    let last = store.latest(|e| panic!("{e}")).unwrap().materialize().unwrap();
     assert!(last.manifest.finished);
     let mut state = BTreeMap::new();
     for ((uid, _), st) in &last.states {

@@ -205,7 +205,11 @@ fn run(t: &Topology, dir: &Path, faults: Option<Arc<FaultPlan>>) -> Outcome {
     let summary = executor::run(&bound, &RunOptions { quiet_guests: true, faults, ..Default::default() })
         .unwrap_or_else(|e| panic!("{}: run failed: {e}", t.name));
     let store = CheckpointStore::new(&dir.join("chk"), &format!("eo-{}", t.name));
-    let last = store.latest(|e| panic!("unexpected unusable checkpoint: {e}")).expect("a final checkpoint");
+    let last = store
+        .latest(|e| panic!("unexpected unusable checkpoint: {e}"))
+        .expect("a final checkpoint")
+        .materialize()
+        .unwrap();
     assert!(last.manifest.finished, "the last checkpoint of a finished job is its final one");
     let mut state = BTreeMap::new();
     for ((uid, _), st) in &last.states {
@@ -465,7 +469,9 @@ pub(crate) struct Folded {
 pub(crate) fn fold_every_checkpoint_exactly(store: &CheckpointStore, keys: u64) -> Vec<Folded> {
     let mut all = Vec::new();
     for l in store.list().into_iter().filter(|l| l.status.is_ok()) {
-        let c = weir::checkpoint::storage::load(&l.path).unwrap_or_else(|e| panic!("checkpoint {}: {e}", l.id));
+        let c = weir::checkpoint::storage::load(&l.path)
+            .and_then(|c| c.materialize())
+            .unwrap_or_else(|e| panic!("checkpoint {}: {e}", l.id));
         let Some(weir::checkpoint::snapshot::SourcePosition::Generator { next }) =
             c.states[&("gen".to_string(), 0)].source
         else {

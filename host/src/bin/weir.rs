@@ -1271,9 +1271,21 @@ fn inspect(dir: &std::path::Path) -> Result<()> {
         for s in &op.subtasks {
             let st = &c.states[&(op.uid.clone(), s.index)];
             let mut what = Vec::new();
-            if !st.keyed.is_empty() {
-                let timers: usize = st.keyed.iter().map(|k| k.event_timers.len() + k.processing_timers.len()).sum();
-                what.push(format!("{} key groups, {} timers", st.keyed.len(), timers));
+            // Key groups still in the files are read one at a time, not held.
+            let (mut groups, mut timers) = (0usize, 0usize);
+            let mut count = |k: &weir::checkpoint::snapshot::KeyGroupSnapshot| {
+                groups += 1;
+                timers += k.event_timers.len() + k.processing_timers.len();
+                Ok::<_, std::convert::Infallible>(())
+            };
+            st.keyed.iter().try_for_each(&mut count).ok();
+            if let Some(streamed) = &st.streamed
+                && let Err(weir::checkpoint::keyed_files::StreamError::Chain(e)) = streamed.read(|k| count(&k))
+            {
+                anyhow::bail!("`{}` subtask {}: {e}", op.uid, s.index);
+            }
+            if groups > 0 {
+                what.push(format!("{groups} key groups, {timers} timers"));
             }
             if !st.operator_state.is_empty() {
                 what.push(format!("{} bytes operator state", st.operator_state.len()));

@@ -15,28 +15,27 @@
 //!   (fsynced, renamed into place) only after all of them verified: a damaged chain yields
 //!   an error, never a file;
 //! - memory is bounded by one key group of every file at once, not the state: the files
-//!   are indexed (group → frame offset) in one pass and read group by group in a second.
+//!   are indexed (group → frame offset) in one pass and read group by group in a second
+//!   (`checkpoint/keyed_files.rs`, which a restore reads through too).
 
-use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use bincode::Options as _;
 use thiserror::Error;
 
 use crate::checkpoint::incremental::ChainLink;
-use crate::checkpoint::layout::{self, LayoutError};
-use crate::checkpoint::snapshot::{
-    FRAME_GROUP, FRAME_REST, KeyGroupSnapshot, MAGIC2, StateFileError, StateFileWriter, SubtaskState, bounded,
-};
+use crate::checkpoint::keyed_files::{ChainError, ChainIndex};
+use crate::checkpoint::snapshot::{StateFileWriter, SubtaskState};
 use crate::checkpoint::storage::CheckpointStore;
 use crate::ids::CheckpointId;
 
 /// Why a chain was not compacted (the chain stays as it was).
 #[derive(Debug, Error)]
 pub enum CompactError {
-    /// A file could not be read or the folded one not written.
+    /// A file of the chain could not be read, is damaged, or does not fold.
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    /// The folded file could not be written.
     #[error("{path}: {source}")]
     Io {
         /// The file.
@@ -44,119 +43,9 @@ pub enum CompactError {
         /// The error.
         source: std::io::Error,
     },
-    /// A file of the chain is damaged or not a state file of format 2.
-    #[error("{path}: {source}")]
-    State {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        source: StateFileError,
-    },
-    /// A key group's blobs do not fold.
-    #[error("{path}: key group {key_group} does not fold onto its chain: {source}")]
-    Fold {
-        /// The chain's newest file.
-        path: PathBuf,
-        /// The key group.
-        key_group: u32,
-        /// The layout error.
-        source: LayoutError,
-    },
     /// The tenant's disk budget refused the folded file.
     #[error("{0}")]
     Budget(String),
-}
-
-/// The key-group frames of one state file, verified.
-struct Indexed {
-    path: PathBuf,
-    file: File,
-    /// Key group → offset and length of its frame's value.
-    groups: BTreeMap<u32, (u64, u64)>,
-}
-
-/// Counts and checksums what is read through it.
-struct Hashing<R> {
-    inner: R,
-    hasher: crc32fast::Hasher,
-    read: u64,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.read += n as u64;
-        Ok(n)
-    }
-}
-
-impl Indexed {
-    /// Reads `path` once: where each key group's frame starts, and whether the body matches
-    /// its length and CRC.
-    fn open(path: &Path) -> Result<Indexed, CompactError> {
-        let io = |source| CompactError::Io { path: path.to_path_buf(), source };
-        let bad = |source| CompactError::State { path: path.to_path_buf(), source };
-        let decode = |e: String| bad(StateFileError::Decode(e));
-        let mut file = File::open(path).map_err(io)?;
-        let size = file.metadata().map_err(io)?.len();
-        let mut header = [0u8; 20];
-        file.read_exact(&mut header).map_err(|_| bad(StateFileError::BadMagic))?;
-        if &header[..8] != MAGIC2 {
-            return Err(decode("not a state file of format 2 (WEIRST02): it folds only on restore".into()));
-        }
-        let stored = u32::from_le_bytes(header[8..12].try_into().unwrap());
-        let len = u64::from_le_bytes(header[12..20].try_into().unwrap());
-        if size != 20 + len {
-            return Err(bad(StateFileError::Truncated { expected: len, found: size.saturating_sub(20) }));
-        }
-        let mut r = Hashing {
-            inner: BufReader::with_capacity(1 << 20, file.try_clone().map_err(io)?),
-            hasher: crc32fast::Hasher::new(),
-            read: 0,
-        };
-        let mut groups = BTreeMap::new();
-        loop {
-            let mut tag = [0u8; 1];
-            r.read_exact(&mut tag).map_err(|_| decode("no final frame".into()))?;
-            match tag[0] {
-                FRAME_GROUP => {
-                    let at = 20 + r.read;
-                    let g: KeyGroupSnapshot =
-                        bounded(len - r.read).deserialize_from(&mut r).map_err(|e| decode(e.to_string()))?;
-                    if groups.insert(g.key_group, (at, 20 + r.read - at)).is_some() {
-                        return Err(decode(format!("key group {} appears twice", g.key_group)));
-                    }
-                }
-                FRAME_REST => {
-                    std::io::copy(&mut r, &mut std::io::sink()).map_err(io)?;
-                    break;
-                }
-                t => return Err(decode(format!("unknown frame tag {t}"))),
-            }
-        }
-        let computed = r.hasher.finalize();
-        if r.read != len {
-            return Err(bad(StateFileError::Truncated { expected: len, found: r.read }));
-        }
-        if computed != stored {
-            return Err(bad(StateFileError::Checksum { stored, computed }));
-        }
-        Ok(Indexed { path: path.to_path_buf(), file, groups })
-    }
-
-    /// The frame at `(offset, length)` (from [`Indexed::groups`]): exactly its bytes are read
-    /// (a buffered reader would read ahead a buffer per group and file).
-    fn read(&mut self, (at, len): (u64, u64)) -> Result<KeyGroupSnapshot, CompactError> {
-        let path = self.path.clone();
-        let io = |source| CompactError::Io { path: path.clone(), source };
-        self.file.seek(SeekFrom::Start(at)).map_err(io)?;
-        let mut frame = vec![0u8; len as usize];
-        self.file.read_exact(&mut frame).map_err(io)?;
-        bounded(len)
-            .deserialize(&frame)
-            .map_err(|e| CompactError::State { path: path.clone(), source: StateFileError::Decode(e.to_string()) })
-    }
 }
 
 /// Folds the keyed state of `files` (a chain, oldest first: the first full) into `out`, key
@@ -167,39 +56,14 @@ pub fn fold_files(
     out: &mut StateFileWriter<File>,
     mut charge: impl FnMut(u64) -> Result<(), String>,
 ) -> Result<u64, CompactError> {
-    let mut indexed = files.iter().map(|p| Indexed::open(p)).collect::<Result<Vec<_>, _>>()?;
-    let Some(newest) = indexed.last() else { return Ok(0) };
-    let groups: Vec<u32> = newest.groups.keys().copied().collect();
-    let newest_path = newest.path.clone();
+    let (chain, _) = ChainIndex::open(files)?;
+    let mut reader = chain.reader()?;
     let mut keyed = 0;
-    for g in groups {
-        // A group absent from a file had no state there: only the files after the last such
-        // gap fold into it.
-        let from = indexed.iter().rposition(|f| !f.groups.contains_key(&g)).map_or(0, |i| i + 1);
-        let mut data = Vec::new();
-        let mut last = None;
-        for f in &mut indexed[from..] {
-            let at = f.groups[&g];
-            let mut kg = f.read(at)?;
-            data = if layout::is_delta(&kg.data) {
-                layout::apply_delta(&data, &kg.data).map_err(|source| CompactError::Fold {
-                    path: newest_path.clone(),
-                    key_group: g,
-                    source,
-                })?
-            } else {
-                std::mem::take(&mut kg.data)
-            };
-            last = Some(kg);
-        }
-        let Some(last) = last else { continue };
-        if data.is_empty() && last.event_timers.is_empty() && last.processing_timers.is_empty() {
-            continue;
-        }
-        charge(data.len() as u64).map_err(CompactError::Budget)?;
-        keyed += data.len() as u64;
-        out.group(&KeyGroupSnapshot { data, ..last })
-            .map_err(|source| CompactError::Io { path: PathBuf::from("(folded file)"), source })?;
+    for g in chain.groups() {
+        let Some(group) = reader.group(g)? else { continue };
+        charge(group.data.len() as u64).map_err(CompactError::Budget)?;
+        keyed += group.data.len() as u64;
+        out.group(&group).map_err(|source| CompactError::Io { path: PathBuf::from("(folded file)"), source })?;
     }
     Ok(keyed)
 }
@@ -229,37 +93,14 @@ pub fn compact(
 mod tests {
     use super::*;
     use crate::checkpoint::incremental::fold_keyed;
-    use crate::checkpoint::incremental::tests::{kg, state};
+    use crate::checkpoint::incremental::tests::kg;
+    use crate::checkpoint::keyed_files::tests::{chain, write};
     use crate::checkpoint::layout::encode_delta;
+    use crate::checkpoint::snapshot::{KeyGroupSnapshot, StateFileError};
+    use std::path::Path;
 
     fn delta(entries: &[(&[u8], Option<&[u8]>)]) -> Vec<u8> {
         encode_delta(&[("s".into(), entries.iter().map(|(k, v)| (k.to_vec(), v.map(|v| v.to_vec()))).collect())])
-    }
-
-    /// A chain of three files: removals, absent groups, a group replaced by a full blob,
-    /// timers; groups written out of order (a drained snapshot's timer-only groups come last).
-    fn chain() -> Vec<Vec<KeyGroupSnapshot>> {
-        let base = vec![
-            kg(0, state(&[(b"a", b"1"), (b"b", b"2")])),
-            kg(1, state(&[(b"c", b"3")])),
-            kg(2, state(&[(b"d", b"4")])),
-        ];
-        let d1 =
-            vec![kg(3, state(&[(b"e", b"5")])), kg(0, delta(&[(b"a", Some(b"9")), (b"b", None)])), kg(1, delta(&[]))];
-        let mut d2 = vec![kg(1, delta(&[(b"f", Some(b"6"))])), kg(3, delta(&[])), kg(0, delta(&[]))];
-        d2[0].event_timers = vec![(5, b"f".to_vec())].into();
-        d2.push(KeyGroupSnapshot { processing_timers: vec![(7, b"x".to_vec())].into(), ..kg(5, Vec::new()) });
-        vec![base, d1, d2]
-    }
-
-    fn write(dir: &Path, name: &str, groups: &[KeyGroupSnapshot]) -> PathBuf {
-        let path = dir.join(name);
-        let mut w = StateFileWriter::new(File::create(&path).unwrap()).unwrap();
-        for g in groups {
-            w.group(g).unwrap();
-        }
-        w.finish(&SubtaskState { operator_state: b"op".to_vec(), ..Default::default() }).unwrap();
-        path
     }
 
     fn folded(dir: &Path, files: &[PathBuf]) -> Result<Vec<KeyGroupSnapshot>, CompactError> {
@@ -298,7 +139,7 @@ mod tests {
         std::fs::write(&files[1], &bytes).unwrap();
         let e = folded(dir.path(), &files).unwrap_err();
         assert!(
-            matches!(&e, CompactError::State { path, source: StateFileError::Checksum { .. } } if *path == files[1]),
+            matches!(&e, CompactError::Chain(ChainError::State { path, source: StateFileError::Checksum { .. } }) if *path == files[1]),
             "{e}"
         );
         std::fs::write(&files[1], &bytes[..n - 10]).unwrap();

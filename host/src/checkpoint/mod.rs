@@ -10,6 +10,7 @@ pub mod compat;
 pub mod coordinator;
 pub mod evidence;
 pub mod incremental;
+pub mod keyed_files;
 pub mod layout;
 pub mod metadata;
 pub mod mirror;

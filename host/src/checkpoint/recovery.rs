@@ -12,11 +12,13 @@
 //! node and what to do.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::checkpoint::keyed_files::{ChainIndex, StreamedKeyed};
 use crate::checkpoint::layout::{self, NamedState};
-use crate::checkpoint::snapshot::{SinkState, SourcePosition, SubtaskState};
+use crate::checkpoint::snapshot::{KeyGroupSnapshot, SinkState, SourcePosition, SubtaskState};
 use crate::checkpoint::storage::LoadedCheckpoint;
 use crate::declared::Redistribution;
 use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
@@ -222,16 +224,24 @@ pub fn plan(
                         Ok(blob.to_vec())
                     }
                 };
+                // Each key group from wherever its old subtask holds it: decoded (older state
+                // files) or still in the checkpoint's files, read as the new owner restores.
                 let mut by_group = BTreeMap::new();
                 for i in 0..old_p {
                     if let Some(s) = state_of(i) {
                         for kg in &s.keyed {
                             let mut kg = kg.clone();
                             kg.data = drop_undeclared(&kg.data, i)?;
-                            by_group.insert(kg.key_group, kg);
+                            by_group.insert(kg.key_group, Group::Loaded(kg));
+                        }
+                        for (chain, groups) in s.streamed.iter().flat_map(|st| &st.parts) {
+                            for &g in groups {
+                                by_group.insert(g, Group::Stored(chain.clone()));
+                            }
                         }
                     }
                 }
+                let dropped_here: Vec<String> = dropped.get(&ni).cloned().unwrap_or_default();
                 let operator_states = redistribute_operator_state(
                     &entry.uid,
                     id,
@@ -242,7 +252,7 @@ pub fn plan(
                 )?;
                 for s in 0..new_p {
                     let range = key_group_range(graph.max_parallelism, new_p, s);
-                    let keyed = by_group.range(range).map(|(_, kg)| kg.clone()).collect();
+                    let (keyed, streamed) = take_groups(&by_group, range, &dropped_here);
                     let backedge_log = if old_p == new_p {
                         state_of(s).map(|st| st.backedge_log.clone()).unwrap_or_default()
                     } else {
@@ -252,6 +262,7 @@ pub fn plan(
                         keyed,
                         operator_state: operator_states[s as usize].clone(),
                         backedge_log,
+                        streamed,
                         ..Default::default()
                     });
                 }
@@ -260,6 +271,36 @@ pub fn plan(
         }
     }
     Ok(plan)
+}
+
+/// Where a key group of the checkpoint is.
+enum Group {
+    /// Decoded.
+    Loaded(KeyGroupSnapshot),
+    /// In this chain's files.
+    Stored(Arc<ChainIndex>),
+}
+
+/// The key groups `range` of `by_group`: those decoded, and those to read from their files
+/// (per chain, without the states `dropped`).
+fn take_groups(
+    by_group: &BTreeMap<u32, Group>,
+    range: std::ops::Range<u32>,
+    dropped: &[String],
+) -> (Vec<KeyGroupSnapshot>, Option<StreamedKeyed>) {
+    let mut keyed = Vec::new();
+    let mut parts: Vec<(Arc<ChainIndex>, Vec<u32>)> = Vec::new();
+    for (&g, group) in by_group.range(range) {
+        match group {
+            Group::Loaded(kg) => keyed.push(kg.clone()),
+            Group::Stored(chain) => match parts.iter_mut().find(|p| Arc::ptr_eq(&p.0, chain)) {
+                Some(p) => p.1.push(g),
+                None => parts.push((chain.clone(), vec![g])),
+            },
+        }
+    }
+    let streamed = (!parts.is_empty()).then(|| StreamedKeyed { parts, dropped: dropped.to_vec() });
+    (keyed, streamed)
 }
 
 /// File sinks of `graph` restored from `chk`: the subtask indices that no longer run, with

@@ -8,6 +8,7 @@
 //! whose lengths lie. Decoding therefore never allocates what a length field claims before
 //! checking it against the bytes that remain ([`bounded`]), and fails with an error instead.
 
+use crate::checkpoint::keyed_files::{ChainError, StreamError, StreamedKeyed};
 use bincode::Options as _;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -126,6 +127,23 @@ pub struct SubtaskState {
     /// longer run after a rescale (Kafka sinks' pre-committed transactions).
     #[serde(skip)]
     pub adopted_blobs: Vec<(u32, Vec<u8>)>,
+    /// Loaded checkpoints and restore plans only (never written): keyed state still in its
+    /// checkpoint files, besides `keyed`, read key group by key group as the subtask restores
+    /// (`checkpoint/keyed_files.rs`).
+    #[serde(skip)]
+    pub streamed: Option<StreamedKeyed>,
+}
+
+impl SubtaskState {
+    /// Reads [`SubtaskState::streamed`] into `keyed` (tools and tests; a restore reads it
+    /// group by group).
+    pub fn materialize(&mut self) -> Result<(), ChainError> {
+        if let Some(s) = self.streamed.take() {
+            self.keyed.extend(s.collect()?);
+            self.keyed.sort_by_key(|g| g.key_group);
+        }
+        Ok(())
+    }
 }
 
 const MAGIC: &[u8; 8] = b"WEIRST01";
@@ -326,8 +344,16 @@ impl SubtaskState {
 
     /// Writes the state file format to `w` without building it in memory first. Returns
     /// the bytes written and the body's CRC-32.
+    /// Streamed key groups are read and written one at a time.
     pub fn encode_to<W: std::io::Write + std::io::Seek>(&self, w: W) -> std::io::Result<(u64, u32)> {
-        StateFileWriter::new(w)?.finish(self)
+        let mut out = StateFileWriter::new(w)?;
+        if let Some(s) = &self.streamed {
+            s.read(|g| out.group(&g)).map_err(|e| match e {
+                StreamError::Chain(c) => std::io::Error::other(c.to_string()),
+                StreamError::Consumer(io) => io,
+            })?;
+        }
+        out.finish(self)
     }
 
     /// Decodes and verifies a state file (format 2, or 1 as older Weir versions wrote).
@@ -452,6 +478,7 @@ mod tests {
             backedge_log: vec![LoggedBatch { side: 0, records: 1, bytes: vec![1, 2] }],
             adopted_sinks: vec![],
             adopted_blobs: vec![],
+            streamed: None,
         }
     }
 

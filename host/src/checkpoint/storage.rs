@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use crate::checkpoint::incremental::fold_keyed;
-use crate::checkpoint::metadata::{CheckpointMetrics, Manifest, ManifestError};
+use crate::checkpoint::keyed_files::{ChainError, ChainIndex, StreamedKeyed};
+use crate::checkpoint::metadata::{CheckpointMetrics, Manifest, ManifestError, SubtaskEntry};
 use crate::checkpoint::remote::{Remote, RemoteError};
 use crate::checkpoint::snapshot::{HeaderError, StateFileError, SubtaskState};
 use crate::ids::CheckpointId;
@@ -496,9 +497,9 @@ pub fn export_savepoint(chk_dir: &Path, manifest: &Manifest, target: &Path) -> s
             if let Some(state) =
                 folded.as_ref().filter(|_| !s.chain.is_empty()).map(|f| &f.states[&(op.uid.clone(), s.index)])
             {
-                let (encoded, crc) = state.encode();
-                write_atomic(&to, &encoded)?;
-                (s.bytes, s.crc32, s.chain) = (encoded.len() as u64, crc, Vec::new());
+                // Key group by key group: the state need not fit in memory.
+                let (len, crc) = write_atomic_with(&to, |f| state.encode_to(f))?;
+                (s.bytes, s.crc32, s.chain) = (len, crc, Vec::new());
             } else if fs::hard_link(&from, &to).is_err() {
                 fs::copy(&from, &to)?;
                 File::open(&to)?.sync_all()?;
@@ -570,44 +571,95 @@ pub(crate) fn check_names(manifest: &Manifest, dir: &Path) -> Result<(), Checkpo
     Ok(())
 }
 
-/// Loads and verifies the checkpoint (or savepoint) in `dir`.
+/// Loads and verifies the checkpoint (or savepoint) in `dir`. Every state file (and every
+/// file of its chain) is checked whole against its CRC, but keyed state stays where it is:
+/// each subtask's [`SubtaskState::streamed`] reads it key group by key group when the subtask
+/// restores (`checkpoint/keyed_files.rs`), so a state larger than memory loads within memory.
+/// Files of an older format (`WEIRST01`) are decoded whole, as before.
 pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
     let manifest = read_manifest(dir)?;
     check_names(&manifest, dir)?;
     let mut states = std::collections::BTreeMap::new();
-    let read = |dir: &Path, file: &str, uid: &str, subtask: u32| -> Result<SubtaskState, CheckpointError> {
+    let root = dir.parent().unwrap_or(Path::new("."));
+    for op in &manifest.operators {
+        for s in &op.subtasks {
+            let mut files: Vec<PathBuf> =
+                s.chain.iter().map(|l| root.join(format!("chk-{}", l.checkpoint)).join(&l.file)).collect();
+            files.push(dir.join(&s.file));
+            let state = match ChainIndex::open(&files) {
+                Ok((chain, mut rest)) => {
+                    if chain.groups().next().is_some() {
+                        rest.streamed = Some(StreamedKeyed::whole(chain));
+                    }
+                    rest
+                }
+                Err(e) if e.is_old_format() => load_whole(dir, root, &op.uid, s)?,
+                Err(e) => return Err(chain_error(e, &op.uid, s.index)),
+            };
+            states.insert((op.uid.clone(), s.index), state);
+        }
+    }
+    Ok(LoadedCheckpoint { path: dir.to_path_buf(), url: None, manifest, states })
+}
+
+/// A chain's error as a checkpoint's: the file, the operator, the subtask.
+fn chain_error(e: ChainError, uid: &str, subtask: u32) -> CheckpointError {
+    let (path, source) = match e {
+        ChainError::Io { path, source } => return CheckpointError::Io { path, source },
+        ChainError::State { path, source } => (path, source),
+        ChainError::Fold { path, key_group, source } => {
+            (path, StateFileError::Decode(format!("key group {key_group} does not fold onto its chain: {source}")))
+        }
+    };
+    CheckpointError::State {
+        path: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        file: path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        uid: uid.to_string(),
+        subtask,
+        source,
+    }
+}
+
+/// A subtask's state decoded whole, its chain folded in memory (state files of format 1).
+fn load_whole(dir: &Path, root: &Path, uid: &str, s: &SubtaskEntry) -> Result<SubtaskState, CheckpointError> {
+    let read = |dir: &Path, file: &str| -> Result<SubtaskState, CheckpointError> {
         let path = dir.join(file);
         let bytes = fs::read(&path).map_err(io(&path))?;
         SubtaskState::decode(&bytes).map_err(|source| CheckpointError::State {
             path: dir.to_path_buf(),
             file: file.to_string(),
             uid: uid.to_string(),
-            subtask,
+            subtask: s.index,
             source,
         })
     };
-    for op in &manifest.operators {
-        for s in &op.subtasks {
-            let mut state = read(dir, &s.file, &op.uid, s.index)?;
-            if !s.chain.is_empty() {
-                let root = dir.parent().unwrap_or(Path::new("."));
-                let mut files = Vec::with_capacity(s.chain.len() + 1);
-                for l in &s.chain {
-                    files.push(read(&root.join(format!("chk-{}", l.checkpoint)), &l.file, &op.uid, s.index)?.keyed);
-                }
-                files.push(std::mem::take(&mut state.keyed));
-                state.keyed = fold_keyed(files).map_err(|(kg, e)| CheckpointError::State {
-                    path: dir.to_path_buf(),
-                    file: s.file.clone(),
-                    uid: op.uid.clone(),
-                    subtask: s.index,
-                    source: StateFileError::Decode(format!("key group {kg} does not fold onto its chain: {e}")),
-                })?;
-            }
-            states.insert((op.uid.clone(), s.index), state);
+    let mut state = read(dir, &s.file)?;
+    if !s.chain.is_empty() {
+        let mut files = Vec::with_capacity(s.chain.len() + 1);
+        for l in &s.chain {
+            files.push(read(&root.join(format!("chk-{}", l.checkpoint)), &l.file)?.keyed);
         }
+        files.push(std::mem::take(&mut state.keyed));
+        state.keyed = fold_keyed(files).map_err(|(kg, e)| CheckpointError::State {
+            path: dir.to_path_buf(),
+            file: s.file.clone(),
+            uid: uid.to_string(),
+            subtask: s.index,
+            source: StateFileError::Decode(format!("key group {kg} does not fold onto its chain: {e}")),
+        })?;
     }
-    Ok(LoadedCheckpoint { path: dir.to_path_buf(), url: None, manifest, states })
+    Ok(state)
+}
+
+impl LoadedCheckpoint {
+    /// Reads every subtask's streamed keyed state into memory (tools that look at all of it,
+    /// and tests). A restore does not: it reads group by group.
+    pub fn materialize(mut self) -> Result<LoadedCheckpoint, CheckpointError> {
+        for ((uid, subtask), st) in self.states.iter_mut() {
+            st.materialize().map_err(|e| chain_error(e, uid, *subtask))?;
+        }
+        Ok(self)
+    }
 }
 
 #[cfg(test)]
@@ -865,6 +917,11 @@ mod tests {
         chained(&store, 3, &keyed(&[(b"b", None), (b"c", Some(b"4"))], true), &[1, 2]);
         let want = keyed(&[(b"a", Some(b"3")), (b"c", Some(b"4"))], false);
         let c = store.latest(|e| panic!("{e}")).unwrap();
+        // Loading decodes no keyed state: it is read group by group as a subtask restores.
+        let st = &c.states[&("op".to_string(), 0)];
+        assert!(st.keyed.is_empty());
+        assert_eq!(st.streamed.as_ref().map(|s| s.len()), Some(1));
+        let c = c.materialize().unwrap();
         assert_eq!(c.states[&("op".to_string(), 0)].keyed, want.keyed);
         assert!(
             fs::read_to_string(store.chk_dir(CheckpointId(3)).join(MANIFEST))
@@ -879,7 +936,7 @@ mod tests {
         export_savepoint(&store.chk_dir(CheckpointId(3)), &c.manifest, &sp).unwrap();
         let loaded = load(&sp).unwrap();
         assert!(loaded.manifest.operators[0].subtasks[0].chain.is_empty());
-        assert_eq!(loaded.states[&("op".to_string(), 0)].keyed, want.keyed);
+        assert_eq!(loaded.materialize().unwrap().states[&("op".to_string(), 0)].keyed, want.keyed);
         // Once a full checkpoint follows, the old chain goes.
         chained(&store, 4, &want, &[]);
         store.retain(1).unwrap();

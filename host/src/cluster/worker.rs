@@ -105,6 +105,19 @@ struct Owned {
     completed: Arc<Completed>,
     live: Live,
     dropped: BTreeMap<usize, Vec<String>>,
+    /// Where a restore from the object store was downloaded: its subtasks read their keyed
+    /// state from there as they restore (and again if the attempt restarts from it), so it
+    /// goes with the attempt.
+    _staging: Option<Staging>,
+}
+
+/// A directory removed when dropped.
+struct Staging(std::path::PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl Owned {
@@ -523,8 +536,10 @@ impl Worker {
             // From the object store, into this worker's own staging directory.
             Some((_, Some(url))) => {
                 tracing::info!("worker `{}`: attempt {} restores from {url}", self.cfg.name, d.attempt);
-                let local = store.as_ref().map_or_else(|| self.cfg.dir.join("restored"), |s| s.root().join("restored"));
-                restored_dir = Some(local.clone());
+                // One directory per attempt: the previous attempt's goes with it.
+                let name = format!("restored-{}", d.attempt);
+                let local = store.as_ref().map_or_else(|| self.cfg.dir.join(&name), |s| s.root().join(&name));
+                restored_dir = Some(Staging(local.clone()));
                 Some(mirror::fetch_url(url, &local).map_err(|e| refuse(format!("cannot restore {url}: {e}"), false))?)
             }
             Some((p, None)) => Some(storage::load(p).map_err(|e| refuse(format!("cannot restore: {e}"), false))?),
@@ -532,10 +547,6 @@ impl Worker {
         };
         let live: Live = Arc::default();
         let dropped = resolve_components(&job, restore.as_ref(), d.allow_non_restored_state, &live);
-        if let Some(dir) = restored_dir {
-            // Loaded into memory, its components compiled: the downloaded files are done.
-            let _ = std::fs::remove_dir_all(dir);
-        }
         let dropped = dropped.map_err(|e| refuse(e, true))?;
         let opts = RunOptions { allow_non_restored_state: d.allow_non_restored_state, ..RunOptions::default() };
         let owned = Arc::new(Owned {
@@ -548,6 +559,7 @@ impl Worker {
             completed: Arc::default(),
             live,
             dropped,
+            _staging: restored_dir,
         });
         let a = owned.attempt();
         let g = &a.job.graph;

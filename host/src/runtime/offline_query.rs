@@ -80,7 +80,12 @@ pub fn query_checkpoint(engine: &Engine, q: &OfflineQuery<'_>) -> Result<QueryAn
     let Some(sub) = op.subtasks.iter().find(|s| (s.key_groups.0..s.key_groups.1).contains(&kg)) else {
         return Err(format!("no subtask of `{uid}` owned key group {kg} at checkpoint {}", m.checkpoint_id));
     };
-    let snapshot = c.states.get(&(uid.to_string(), sub.index)).cloned().unwrap_or_default();
+    let mut snapshot = c.states.get(&(uid.to_string(), sub.index)).cloned().unwrap_or_default();
+    // Only the key's group is read and restored, not the whole subtask's state.
+    snapshot.keyed.retain(|g| g.key_group == kg);
+    if let Some(s) = snapshot.streamed.as_mut() {
+        s.parts.iter_mut().for_each(|p| p.1.retain(|&g| g == kg));
+    }
     let component = LoadedComponent::load(engine, uid, &path).map_err(|e| e.to_string())?;
     let task = TaskInfo {
         job_name: m.job.clone(),

@@ -15,6 +15,7 @@ use crate::checkpoint::alignment::{AlignOutcome, Aligner};
 use crate::checkpoint::alignment_timeout::{Step, TimedAligner};
 use crate::checkpoint::backedge::{HeadOutcome, LoopHead};
 use crate::checkpoint::evidence::GroupLedger;
+use crate::checkpoint::keyed_files::StreamError;
 use crate::checkpoint::snapshot::LoggedBatch;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
 use crate::checkpoint::unaligned::UnalignOutcome;
@@ -292,14 +293,21 @@ pub fn capture(instance: &mut dyn OperatorLogic, snap: OperatorSnapshot) -> Subt
     SubtaskState { keyed: groups.into_values().collect(), operator_state: snap.operator_state, ..Default::default() }
 }
 
+/// Key-group bytes handed to a disk operator per `restore` call while its state streams in
+/// from the checkpoint's files (each call's groups go to its store before the next is read).
+const STREAMED_RESTORE_CHUNK: usize = 16 << 20;
+
 /// Restores `state` (written by schema `schema_version`) into `instance`: the guest's state,
-/// then the host's timers.
+/// then the host's timers. Key groups still in the checkpoint's files (`state.streamed`) are
+/// read one at a time: a disk operator takes them in chunks of [`STREAMED_RESTORE_CHUNK`]
+/// bytes, so its state never sits in memory whole; an operator keeping its state in memory
+/// takes them in one call, as it holds them all anyway.
 pub fn put_state(
     instance: &mut dyn OperatorLogic,
     schema_version: u32,
     state: &SubtaskState,
 ) -> Result<(), GuestError> {
-    let snap = OperatorSnapshot {
+    let mut snap = OperatorSnapshot {
         keyed: state
             .keyed
             .iter()
@@ -308,10 +316,46 @@ pub fn put_state(
             .collect(),
         operator_state: state.operator_state.clone(),
     };
-    instance.restore(schema_version, &snap)?;
+    for k in &state.keyed {
+        restore_timers(instance, k)?;
+    }
+    let Some(streamed) = state.streamed.as_ref().filter(|s| !s.is_empty()) else {
+        return instance.restore(schema_version, &snap);
+    };
+    let chunked = instance.keyed_state_on_disk();
+    let mut bytes: usize = snap.keyed.iter().map(|k| k.data.len()).sum();
+    let mut called = false;
+    let read = streamed.read(|k| {
+        restore_timers(instance, &k)?;
+        if k.data.is_empty() {
+            return Ok(());
+        }
+        bytes += k.data.len();
+        snap.keyed.push(KeyGroupState { key_group: k.key_group, data: k.data });
+        if chunked && bytes >= STREAMED_RESTORE_CHUNK {
+            instance.restore(schema_version, &snap)?;
+            snap = OperatorSnapshot { keyed: Vec::new(), operator_state: Vec::new() };
+            (bytes, called) = (0, true);
+        }
+        Ok(())
+    });
+    read.map_err(|e| match e {
+        StreamError::Consumer(e) => e,
+        StreamError::Chain(e) => {
+            GuestError::Failed { call: "restore", message: format!("reading its keyed state from the checkpoint: {e}") }
+        }
+    })?;
+    if !called || !snap.keyed.is_empty() {
+        instance.restore(schema_version, &snap)?;
+    }
+    Ok(())
+}
+
+/// Registers the timers of restored key group `k`. Timers in a checkpoint count against the
+/// same limits as registered ones: a savepoint (a tenant's upload, or one taken at a higher
+/// parallelism) cannot make the host hold more.
+fn restore_timers(instance: &mut dyn OperatorLogic, k: &KeyGroupSnapshot) -> Result<(), GuestError> {
     let host = instance.host();
-    // Timers in a checkpoint count against the same limits as registered ones: a savepoint (a
-    // tenant's upload, or one taken at a higher parallelism) cannot make the host hold more.
     let refuse = |why: String| GuestError::Failed {
         call: "restore",
         message: format!(
@@ -319,14 +363,12 @@ pub fn put_state(
              subtask), or raise [limits] max_timer_mb"
         ),
     };
-    for k in &state.keyed {
-        for (domain, timers) in
-            [(TimeDomain::EventTime, &k.event_timers), (TimeDomain::ProcessingTime, &k.processing_timers)]
-        {
-            for (t, key) in timers {
-                host.admit_timer(key.len()).map_err(refuse)?;
-                host.timers(domain).register(t, k.key_group, key);
-            }
+    for (domain, timers) in
+        [(TimeDomain::EventTime, &k.event_timers), (TimeDomain::ProcessingTime, &k.processing_timers)]
+    {
+        for (t, key) in timers {
+            host.admit_timer(key.len()).map_err(refuse)?;
+            host.timers(domain).register(t, k.key_group, key);
         }
     }
     Ok(())
@@ -1461,6 +1503,95 @@ mod tests {
         long.keyed[0].event_timers.push(1, &vec![0; crate::sandbox::host::MAX_TIMER_KEY + 1]);
         let e = put_state(&mut instance(), 1, &long).unwrap_err().to_string();
         assert!(e.contains("timer key of 65537 bytes exceeds 65536"), "{e}");
+    }
+
+    /// Records the `restore` calls it gets: (key groups, their bytes, operator state bytes).
+    struct Recording {
+        host: HostState,
+        disk: bool,
+        calls: Vec<(Vec<u32>, usize, usize)>,
+    }
+
+    impl OperatorLogic for Recording {
+        fn host(&mut self) -> &mut HostState {
+            &mut self.host
+        }
+        fn open(&mut self, _: &[(String, String)]) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn process(&mut self, _: Side, _: &Batch) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn on_timer(&mut self, _: TimeDomain, _: &Batch) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn on_watermark(&mut self, _: i64) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn snapshot(&mut self, _: u64, _: SnapshotMode) -> Result<OperatorSnapshot, GuestError> {
+            Ok(OperatorSnapshot { keyed: Vec::new(), operator_state: Vec::new() })
+        }
+        fn restore(&mut self, _: u32, state: &OperatorSnapshot) -> Result<(), GuestError> {
+            let bytes = state.keyed.iter().map(|k| k.data.len()).sum();
+            self.calls.push((state.keyed.iter().map(|k| k.key_group).collect(), bytes, state.operator_state.len()));
+            Ok(())
+        }
+        fn close(&mut self) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn take_emitted(&mut self) -> Batch {
+            Batch::default()
+        }
+        fn keyed_state_on_disk(&self) -> bool {
+            self.disk
+        }
+    }
+
+    /// Keyed state still in the checkpoint's files reaches a disk operator in chunks of about
+    /// [`STREAMED_RESTORE_CHUNK`] bytes, never whole: every group once, in order, the operator
+    /// state in the first call only, timers registered. An operator that keeps its state in
+    /// memory gets it in one call.
+    #[test]
+    fn streamed_keyed_state_reaches_a_disk_operator_in_bounded_chunks() {
+        use crate::checkpoint::incremental::tests::{kg, state};
+        use crate::checkpoint::keyed_files::{ChainIndex, StreamedKeyed, tests::write};
+        let tmp = tempfile::tempdir().unwrap();
+        let group = 1 << 20;
+        let mut groups: Vec<_> = (0..40u32).map(|g| kg(g, state(&[(b"k", &vec![g as u8; group])]))).collect();
+        groups[7].event_timers.push(99, b"k");
+        let file = write(tmp.path(), "op-0.state", &groups);
+        let (chain, rest) = ChainIndex::open(&[file]).unwrap();
+        let restored = SubtaskState {
+            keyed: vec![kg(40, state(&[(b"eager", b"1")]))],
+            streamed: Some(StreamedKeyed::whole(chain)),
+            ..rest
+        };
+        let task = crate::sandbox::bindings::types::TaskInfo {
+            job_name: "j".into(),
+            operator_uid: "op".into(),
+            subtask_index: 0,
+            parallelism: 1,
+            max_parallelism: 64,
+            key_group_start: 0,
+            key_group_end: 64,
+        };
+        let run = |disk| {
+            let mut r = Recording { host: HostState::new(task.clone(), 0), disk, calls: Vec::new() };
+            put_state(&mut r, 1, &restored).unwrap();
+            assert_eq!(r.host.event_timers.len(), 1);
+            r.calls
+        };
+        let calls = run(true);
+        assert!(calls.len() >= 3, "{} calls", calls.len());
+        for (i, (_, bytes, op)) in calls.iter().enumerate() {
+            assert!(*bytes <= STREAMED_RESTORE_CHUNK + group + 64, "call {i}: {bytes} bytes");
+            assert_eq!(*op, if i == 0 { 2 } else { 0 }, "call {i}");
+        }
+        let order: Vec<u32> = calls.iter().flat_map(|c| c.0.clone()).collect();
+        assert_eq!(order, std::iter::once(40).chain(0..40).collect::<Vec<_>>());
+        let calls = run(false);
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].0.len(), 41);
     }
 
     /// The records a loop head keeps for a checkpoint in progress are in flight too: they
