@@ -67,15 +67,7 @@ fn state_disk_chains_whose_deltas_outweigh_their_base_are_folded() {
 fn check_folds(max_links: u32) -> Vec<crate::exactly_once::Folded> {
     let d = scratch();
     let (keys, count) = (40_000u64, 300_000u64);
-    let toml = format!(
-        "[job]\nname = \"fold\"\nmax_parallelism = 16\nbatch_size = 64\n\
-         [checkpoint]\ninterval_ms = 30\ndir = \"chk\"\nretained = 1000\nincremental = true\nmax_chain_links = {max_links}\n\
-         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\nrate = 100000\n\
-         [[operator]]\nid = \"oracle\"\ncomponent = {}\nconfig = {{ keys = \"{keys}\" }}\n\
-         state_backend = \"disk\"\nstate_cache_mb = 1\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
-         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"oracle\" }}]\n",
-        toml_path(&component("test_oracle"))
-    );
+    let toml = fold_job(keys, count, max_links);
     // The input's end is held back until a checkpoint after the last record completed and
     // one builds on a folded file: the job keeps checkpointing however slow the machine.
     let mut r = start(d.path(), &toml, None, false);
@@ -87,16 +79,9 @@ fn check_folds(max_links: u32) -> Vec<crate::exactly_once::Folded> {
             m.operator("oracle").is_some_and(|o| o.subtasks[0].chain.first().is_some_and(|c| c.file.ends_with(".base")))
         })
     };
-    let t0 = std::time::Instant::now();
-    loop {
-        let listed = store.list();
-        if listed.iter().any(on_folded) && listed.iter().any(|l| l.id > seen + 1 && l.status.is_ok()) {
-            break;
-        }
-        assert!(!r.handle.status().state.is_terminal(), "the job ended: {:?}", r.handle.status().state);
-        assert!(t0.elapsed() < std::time::Duration::from_secs(300), "no checkpoint builds on a folded file");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_checkpoints(&r, &store, |listed| {
+        listed.iter().any(on_folded) && listed.iter().any(|l| l.id > seen + 1 && l.status.is_ok())
+    });
     let s = r.join().unwrap();
     assert_eq!(s.attempts, 1);
     assert!(oracle(&s).keys_paged_in > 0, "the state must outgrow the cache");
@@ -105,6 +90,71 @@ fn check_folds(max_links: u32) -> Vec<crate::exactly_once::Folded> {
     assert_eq!(fulls, vec![all[0].id], "only the first checkpoint is a full snapshot");
     assert!(all.iter().any(|c| c.next == count && !c.chain.is_empty()), "a delta after the whole input");
     all
+}
+
+/// Waits until the store's checkpoints satisfy `done`, the job running meanwhile.
+fn wait_checkpoints(
+    r: &crate::savepoints::Running,
+    store: &storage::CheckpointStore,
+    done: impl Fn(&[storage::Listed]) -> bool,
+) {
+    let t0 = std::time::Instant::now();
+    while !done(&store.list()) {
+        assert!(!r.handle.status().state.is_terminal(), "the job ended: {:?}", r.handle.status().state);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(300), "the checkpoints waited for did not come");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A disk operator restored whole from its job's own checkpoint goes on with that chain: no
+/// checkpoint after the restore is a full scan of its store (the first is a delta on the
+/// restored files), and every checkpoint of both runs folds to exactly the state its source
+/// position implies.
+#[test]
+fn state_disk_a_restore_goes_on_with_the_restored_chain_and_every_checkpoint_is_exact() {
+    let d = scratch();
+    let (keys, count) = (40_000u64, 200_000u64);
+    let toml = fold_job(keys, count, 1000);
+    let store = storage::CheckpointStore::new(&d.path().join("chk"), "fold");
+    // Run 1: cancelled once a checkpoint taken after half the input completed.
+    let mut r = start(d.path(), &toml, None, false);
+    wait_records(&r, "oracle", count / 2);
+    let seen = store.max_id();
+    wait_checkpoints(&r, &store, |listed| listed.iter().any(|l| l.id > seen + 1 && l.status.is_ok()));
+    r.handle.cancel();
+    let _ = r.join();
+    let restored = store.list().iter().filter(|l| l.status.is_ok()).map(|l| l.id).max().unwrap();
+    // Run 2: from that checkpoint to the end of the input, held until a checkpoint after the
+    // restore completed.
+    let mut r = start(d.path(), &toml, Some(d.path().join(format!("chk/fold/chk-{restored}"))), false);
+    wait_checkpoints(&r, &store, |listed| listed.iter().any(|l| l.id > restored && l.status.is_ok()));
+    let s = r.join().unwrap();
+    assert_eq!(s.restored_from, Some(restored));
+    let all = crate::exactly_once::fold_every_checkpoint_exactly(&store, keys);
+    let fulls: Vec<u64> = all.iter().filter(|c| c.chain.is_empty()).map(|c| c.id).collect();
+    assert_eq!(fulls, vec![all[0].id], "only the first run's first checkpoint is a full snapshot");
+    let first_after = all.iter().find(|c| c.id > restored).expect("a checkpoint after the restore");
+    assert!(
+        first_after.chain.iter().any(|l| l.checkpoint == restored),
+        "checkpoint {} builds on the restored checkpoint {restored}: {:?}",
+        first_after.id,
+        first_after.chain
+    );
+    assert_eq!(all.last().unwrap().next, count, "the whole input");
+}
+
+/// Generator → oracle on the disk backend (1 MiB cache) → blackhole, checkpoints every 30 ms
+/// kept, chains of at most `max_links` files.
+fn fold_job(keys: u64, count: u64, max_links: u32) -> String {
+    format!(
+        "[job]\nname = \"fold\"\nmax_parallelism = 16\nbatch_size = 64\n\
+         [checkpoint]\ninterval_ms = 30\ndir = \"chk\"\nretained = 1000\nincremental = true\nmax_chain_links = {max_links}\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\nrate = 100000\n\
+         [[operator]]\nid = \"oracle\"\ncomponent = {}\nconfig = {{ keys = \"{keys}\" }}\n\
+         state_backend = \"disk\"\nstate_cache_mb = 1\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"oracle\" }}]\n",
+        toml_path(&component("test_oracle"))
+    )
 }
 
 const KEYS: u64 = 3_000;

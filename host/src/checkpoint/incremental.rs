@@ -9,7 +9,10 @@
 //! Invariants (all enforced here, tested below):
 //! - a chain starts with a full snapshot: after a restore, a live upgrade, a lost base
 //!   (a write failed, a snapshot was declined before it was written) the next snapshot is
-//!   full;
+//!   full — except for a disk operator restored whole and unmigrated from its job's own
+//!   checkpoint: its store then holds exactly that chain's state, and the chain goes on
+//!   ([`IncrementalPolicy::resume`]), as a full scan of a store far larger than memory could
+//!   outlast the checkpoint timeout;
 //! - forced checkpoints (savepoints, live upgrades) are full, so a savepoint never depends
 //!   on another directory;
 //! - a chain is compacted once it has `max_links` files or its deltas add up to more than
@@ -154,6 +157,14 @@ impl IncrementalPolicy {
         }
     }
 
+    /// The operator's state was restored whole from the files of `chain` (oldest first, with
+    /// their keyed bytes) and nothing changed since: the next snapshot may build on them.
+    pub fn resume(&mut self, chain: Vec<(ChainLink, u64)>) {
+        if self.enabled {
+            self.chain = chain;
+        }
+    }
+
     /// The operator's state no longer matches the chain (restore, upgrade, lost write):
     /// the next snapshot is full.
     pub fn reset(&mut self) {
@@ -248,6 +259,18 @@ pub(crate) mod tests {
 
     fn link(c: u64) -> ChainLink {
         ChainLink { checkpoint: c, file: "f".into() }
+    }
+
+    #[test]
+    fn a_chain_restored_whole_is_built_on_and_folded_like_its_own() {
+        let mut p = IncrementalPolicy::new(true).in_background().with_max_links(3);
+        p.resume(vec![(link(1), 100), (link(2), 10)]);
+        assert!(!p.wants_full(false), "a delta on the restored chain");
+        assert_eq!(p.taken(id(5), "g", false, 10), vec![link(1), link(2)]);
+        assert_eq!(p.compaction(), Some(vec![link(1), link(2), ChainLink { checkpoint: 5, file: "g".into() }]));
+        let mut off = IncrementalPolicy::new(false);
+        off.resume(vec![(link(1), 100)]);
+        assert!(off.wants_full(false), "incremental checkpoints are off");
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!   file), never the state.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -83,23 +83,44 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-/// One verified state file: where each key group's frame lies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One verified state file: where each key group's frame lies, and which file it was (a
+/// reader refuses a file that changed or was replaced since). Not held open: a restore of
+/// many subtasks with long chains would run out of file descriptors.
+#[derive(Debug, Clone)]
 struct FileIndex {
     path: PathBuf,
+    identity: Identity,
     /// (key group, offset of its frame's value, length), sorted by key group.
     groups: Vec<(u32, u64, u64)>,
 }
 
+impl PartialEq for FileIndex {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path && self.groups == other.groups
+    }
+}
+
+impl Eq for FileIndex {}
+
+/// Device, inode, length and modification time of a file.
+type Identity = (u64, u64, u64, i64, i64);
+
+fn identity(m: &std::fs::Metadata) -> Identity {
+    use std::os::unix::fs::MetadataExt as _;
+    (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec())
+}
+
 impl FileIndex {
     /// Reads `path` once: where each key group's frame starts, whether the body matches its
-    /// length and CRC, and (`rest`) the final frame's non-keyed state.
-    fn open(path: &Path, rest: bool) -> Result<(FileIndex, Option<SubtaskState>), ChainError> {
+    /// length and CRC, and the final frame's non-keyed state (which must hold no key group:
+    /// those would not be indexed).
+    fn open(path: &Path) -> Result<(FileIndex, SubtaskState), ChainError> {
         let io = |source| ChainError::Io { path: path.to_path_buf(), source };
         let bad = |source| ChainError::State { path: path.to_path_buf(), source };
         let decode = |e: String| bad(StateFileError::Decode(e));
         let mut file = File::open(path).map_err(io)?;
-        let size = file.metadata().map_err(io)?.len();
+        let meta = file.metadata().map_err(io)?;
+        let size = meta.len();
         let mut header = [0u8; 20];
         file.read_exact(&mut header).map_err(|_| bad(StateFileError::BadMagic))?;
         if &header[..8] != MAGIC2 {
@@ -107,13 +128,14 @@ impl FileIndex {
         }
         let stored = u32::from_le_bytes(header[8..12].try_into().unwrap());
         let len = u64::from_le_bytes(header[12..20].try_into().unwrap());
-        if size != 20 + len {
+        if size.checked_sub(20) != Some(len) {
             return Err(bad(StateFileError::Truncated { expected: len, found: size.saturating_sub(20) }));
         }
-        let mut r =
-            Hashing { inner: BufReader::with_capacity(1 << 20, file), hasher: crc32fast::Hasher::new(), read: 0 };
+        // Never past the length the header declared, even if the file grows meanwhile.
+        let body = BufReader::with_capacity(1 << 20, (&file).take(len));
+        let mut r = Hashing { inner: body, hasher: crc32fast::Hasher::new(), read: 0 };
         let mut groups = Vec::new();
-        let scanned = Self::scan(&mut r, len, rest, &mut groups, path);
+        let scanned = Self::scan(&mut r, len, &mut groups, path);
         if scanned.is_err() {
             // A damaged file usually fails to decode before its end: its checksum names the
             // damage better than the decoder's complaint does.
@@ -122,7 +144,7 @@ impl FileIndex {
                 return Err(bad(StateFileError::Checksum { stored, computed: r.hasher.finalize() }));
             }
         }
-        let last = scanned?;
+        let rest = scanned?;
         let computed = r.hasher.finalize();
         if r.read != len {
             return Err(bad(StateFileError::Truncated { expected: len, found: r.read }));
@@ -134,43 +156,41 @@ impl FileIndex {
         if let Some(w) = groups.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(decode(format!("key group {} appears twice", w[0].0)));
         }
-        Ok((FileIndex { path: path.to_path_buf(), groups }, last))
+        if !rest.keyed.is_empty() {
+            // Format 2 allows it; the host's writer never puts any there.
+            return Err(decode("key groups in the final frame".into()));
+        }
+        Ok((FileIndex { path: path.to_path_buf(), identity: identity(&meta), groups }, rest))
     }
 
     /// Reads the frames: each key group's position goes to `groups`; the final frame is
-    /// decoded if `rest`, else read past.
+    /// decoded.
     fn scan<R: Read>(
         r: &mut Hashing<R>,
         len: u64,
-        rest: bool,
         groups: &mut Vec<(u32, u64, u64)>,
         path: &Path,
-    ) -> Result<Option<SubtaskState>, ChainError> {
+    ) -> Result<SubtaskState, ChainError> {
         let decode = |e: String| ChainError::State { path: path.to_path_buf(), source: StateFileError::Decode(e) };
         loop {
             let mut tag = [0u8; 1];
             r.read_exact(&mut tag).map_err(|_| decode("no final frame".into()))?;
+            let left = len - r.read;
             match tag[0] {
                 FRAME_GROUP => {
                     let at = 20 + r.read;
                     // Only the key group is kept; the frame is read past, not held.
                     let g: KeyGroupSnapshot =
-                        bounded(len - r.read).deserialize_from(&mut *r).map_err(|e| decode(e.to_string()))?;
+                        bounded(left).deserialize_from(&mut *r).map_err(|e| decode(e.to_string()))?;
                     groups.push((g.key_group, at, 20 + r.read - at));
                 }
-                FRAME_REST if rest => {
-                    let left = len - r.read;
+                FRAME_REST => {
                     let st: SubtaskState =
                         bounded(left).deserialize_from(&mut *r).map_err(|e| decode(e.to_string()))?;
                     if r.read != len {
                         return Err(decode(format!("{} bytes after the final frame", len - r.read)));
                     }
-                    return Ok(Some(st));
-                }
-                FRAME_REST => {
-                    std::io::copy(r, &mut std::io::sink())
-                        .map_err(|source| ChainError::Io { path: path.to_path_buf(), source })?;
-                    return Ok(None);
+                    return Ok(st);
                 }
                 t => return Err(decode(format!("unknown frame tag {t}"))),
             }
@@ -182,7 +202,7 @@ impl FileIndex {
     }
 }
 
-/// The keyed state of one subtask's chain of state files, indexed.
+/// The keyed state of one subtask's chain of state files, indexed (its files held open).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainIndex {
     /// Oldest first.
@@ -195,21 +215,10 @@ impl ChainIndex {
     pub fn open(files: &[PathBuf]) -> Result<(ChainIndex, SubtaskState), ChainError> {
         let mut indexed = Vec::with_capacity(files.len());
         let mut rest = SubtaskState::default();
-        for (i, p) in files.iter().enumerate() {
-            let (f, r) = FileIndex::open(p, i + 1 == files.len())?;
+        for p in files {
+            let (f, r) = FileIndex::open(p)?;
             indexed.push(f);
-            if let Some(r) = r {
-                rest = r;
-            }
-        }
-        // A final frame that holds key groups (format 2 allows it) is refused: they would not
-        // be indexed. The host's writer never puts any there.
-        if !rest.keyed.is_empty() {
-            let path = files.last().cloned().unwrap_or_default();
-            return Err(ChainError::State {
-                path,
-                source: StateFileError::Decode("key groups in the final frame".into()),
-            });
+            rest = r;
         }
         Ok((ChainIndex { files: indexed }, rest))
     }
@@ -219,18 +228,33 @@ impl ChainIndex {
         self.files.last().into_iter().flat_map(|f| f.groups.iter().map(|g| g.0))
     }
 
+    /// Bytes of key-group frames in each file, oldest first.
+    pub fn keyed_bytes(&self) -> Vec<u64> {
+        self.files.iter().map(|f| f.groups.iter().map(|g| g.2).sum()).collect()
+    }
+
     /// Its newest file.
     pub fn newest(&self) -> &Path {
         self.files.last().map_or(Path::new(""), |f| &f.path)
     }
 
-    /// A reader of this chain's groups (opens its files).
+    /// A reader of this chain's groups: opens its files, refusing one that is not the file
+    /// that was verified (rewritten or replaced since).
     pub fn reader(&self) -> Result<ChainReader<'_>, ChainError> {
-        let files = self
-            .files
-            .iter()
-            .map(|f| File::open(&f.path).map_err(|source| ChainError::Io { path: f.path.clone(), source }))
-            .collect::<Result<_, _>>()?;
+        let mut files = Vec::with_capacity(self.files.len());
+        for f in &self.files {
+            let io = |source| ChainError::Io { path: f.path.clone(), source };
+            let file = File::open(&f.path).map_err(io)?;
+            if identity(&file.metadata().map_err(io)?) != f.identity {
+                return Err(ChainError::State {
+                    path: f.path.clone(),
+                    source: StateFileError::Decode(
+                        "it changed since the checkpoint was loaded (written to, or replaced)".into(),
+                    ),
+                });
+            }
+            files.push(file);
+        }
         Ok(ChainReader { chain: self, files })
     }
 }
@@ -276,19 +300,18 @@ impl ChainReader<'_> {
 
     /// File `i`'s frame of group `g`: exactly its bytes are read (a buffered reader would
     /// read ahead a buffer per group and file).
-    fn read(&mut self, i: usize, g: u32) -> Result<KeyGroupSnapshot, ChainError> {
+    fn read(&self, i: usize, g: u32) -> Result<KeyGroupSnapshot, ChainError> {
+        use std::os::unix::fs::FileExt as _;
         let index = &self.chain.files[i];
         let path = &index.path;
         let (at, len) = index.frame(g).expect("the caller checked the group is in the file");
-        let io = |source| ChainError::Io { path: path.clone(), source };
-        self.files[i].seek(SeekFrom::Start(at)).map_err(io)?;
         let mut frame = vec![0u8; len as usize];
-        self.files[i].read_exact(&mut frame).map_err(io)?;
+        self.files[i].read_exact_at(&mut frame, at).map_err(|source| ChainError::Io { path: path.clone(), source })?;
         let kg: KeyGroupSnapshot = bounded(len)
             .deserialize(&frame)
             .map_err(|e| ChainError::State { path: path.clone(), source: StateFileError::Decode(e.to_string()) })?;
         if kg.key_group != g {
-            // The file changed since it was indexed.
+            // The file changed since it was opened.
             return Err(ChainError::State {
                 path: path.clone(),
                 source: StateFileError::Decode(format!("key group {g}'s frame holds key group {}", kg.key_group)),
@@ -447,12 +470,19 @@ pub(crate) mod tests {
         std::fs::write(&files[1], &bytes[..n - 10]).unwrap();
         let e = ChainIndex::open(&files).unwrap_err().to_string();
         assert!(e.contains("f1") && e.contains("truncated"), "{e}");
-        // Indexed, then replaced by another file: the read names it, it does not misread.
+        // Indexed, then rewritten in place: the read names it, it does not misread.
         std::fs::write(&files[1], &good).unwrap();
         let (index, _) = ChainIndex::open(&files).unwrap();
         write(dir.path(), "f1", &[kg(7, state(&[(b"q", b"1")])), kg(0, delta(&[]))]);
         let e = StreamedKeyed::whole(index).collect().unwrap_err().to_string();
         assert!(e.contains("f1"), "{e}");
+        // Indexed, then another file renamed over it: refused before anything is read.
+        std::fs::write(&files[1], &good).unwrap();
+        let (index, _) = ChainIndex::open(&files).unwrap();
+        let other = write(dir.path(), "other", &chain()[1]);
+        std::fs::rename(&other, &files[1]).unwrap();
+        let e = StreamedKeyed::whole(index).collect().unwrap_err().to_string();
+        assert!(e.contains("f1") && e.contains("changed since"), "{e}");
         // An old format is told apart (it is decoded whole instead).
         std::fs::write(&files[0], b"WEIRST01\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
         assert!(ChainIndex::open(&files).unwrap_err().is_old_format());

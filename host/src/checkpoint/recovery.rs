@@ -16,8 +16,10 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::checkpoint::incremental::ChainLink;
 use crate::checkpoint::keyed_files::{ChainIndex, StreamedKeyed};
 use crate::checkpoint::layout::{self, NamedState};
+use crate::checkpoint::metadata::OperatorEntry;
 use crate::checkpoint::snapshot::{KeyGroupSnapshot, SinkState, SourcePosition, SubtaskState};
 use crate::checkpoint::storage::LoadedCheckpoint;
 use crate::declared::Redistribution;
@@ -253,6 +255,7 @@ pub fn plan(
                 for s in 0..new_p {
                     let range = key_group_range(graph.max_parallelism, new_p, s);
                     let (keyed, streamed) = take_groups(&by_group, range, &dropped_here);
+                    let resume = resumable(entry, id, s, state_of(s), &keyed, streamed.as_ref());
                     let backedge_log = if old_p == new_p {
                         state_of(s).map(|st| st.backedge_log.clone()).unwrap_or_default()
                     } else {
@@ -263,6 +266,7 @@ pub fn plan(
                         operator_state: operator_states[s as usize].clone(),
                         backedge_log,
                         streamed,
+                        resume,
                         ..Default::default()
                     });
                 }
@@ -271,6 +275,29 @@ pub fn plan(
         }
     }
     Ok(plan)
+}
+
+/// The chain subtask `s` restores whole (every key group of its own old chain, nothing
+/// dropped, nothing decoded eagerly): its files with their keyed bytes, oldest first, ending
+/// with the checkpoint's own file, which a disk operator's next snapshot may build on.
+fn resumable(
+    entry: &OperatorEntry,
+    chk: u64,
+    s: u32,
+    old: Option<&SubtaskState>,
+    keyed: &[KeyGroupSnapshot],
+    streamed: Option<&StreamedKeyed>,
+) -> Option<Vec<(ChainLink, u64)>> {
+    let (old, streamed) = (old?.streamed.as_ref()?, streamed?);
+    let [(chain, groups)] = &streamed.parts[..] else { return None };
+    let [(own, all)] = &old.parts[..] else { return None };
+    if !keyed.is_empty() || !streamed.dropped.is_empty() || !Arc::ptr_eq(chain, own) || groups != all {
+        return None;
+    }
+    let sub = entry.subtasks.iter().find(|e| e.index == s)?;
+    let links = sub.chain.iter().cloned().chain([ChainLink { checkpoint: chk, file: sub.file.clone() }]);
+    let bytes = chain.keyed_bytes();
+    (bytes.len() == sub.chain.len() + 1).then(|| links.zip(bytes).collect())
 }
 
 /// Where a key group of the checkpoint is.
@@ -617,6 +644,35 @@ mod tests {
         let drop = BTreeMap::from([(1, vec!["l".to_string()])]);
         let p = plan(&c, &graph(3, 32), &keep, &drop, false).unwrap();
         assert!(p[1].iter().all(|s| s.as_ref().unwrap().operator_state.is_empty()));
+    }
+
+    /// A subtask restoring exactly its old chain (same parallelism, nothing dropped) may build
+    /// its next snapshot on it; after a rescale or with a state dropped, a new chain starts.
+    #[test]
+    fn a_subtask_restoring_its_whole_chain_may_resume_it() {
+        use crate::checkpoint::storage::CheckpointStore;
+        use crate::checkpoint::storage::tests::{chained, keyed};
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        // Key groups 1 and 6: at parallelism 2 they belong to different subtasks.
+        let two = |st: SubtaskState| {
+            let mut other = st.keyed[0].clone();
+            other.key_group = 6;
+            SubtaskState { keyed: vec![st.keyed[0].clone(), other], ..st }
+        };
+        chained(&store, 1, &two(keyed(&[(b"a", Some(b"1"))], false)), &[]);
+        chained(&store, 2, &two(keyed(&[(b"a", Some(b"2"))], true)), &[1]);
+        let c = store.latest(|e| panic!("{e}")).unwrap();
+        let p = plan(&c, &graph(1, 8), &keep, &none(), false).unwrap();
+        let resume = p[1][0].as_ref().unwrap().resume.clone().expect("the whole chain restored");
+        let links: Vec<(u64, &str)> = resume.iter().map(|(l, _)| (l.checkpoint, l.file.as_str())).collect();
+        assert_eq!(links, vec![(1, "op-0.state"), (2, "op-0.state")]);
+        assert!(resume.iter().all(|(_, bytes)| *bytes > 0), "{resume:?}");
+        let p = plan(&c, &graph(2, 8), &keep, &none(), false).unwrap();
+        assert!(p[1].iter().all(|s| s.as_ref().unwrap().resume.is_none()), "rescaled: each takes part of it");
+        let dropped = BTreeMap::from([(1usize, vec!["s".to_string()])]);
+        let p = plan(&c, &graph(1, 8), &keep, &dropped, true).unwrap();
+        assert!(p[1][0].as_ref().unwrap().resume.is_none(), "a state dropped");
     }
 
     #[test]

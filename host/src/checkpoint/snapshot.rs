@@ -132,6 +132,12 @@ pub struct SubtaskState {
     /// (`checkpoint/keyed_files.rs`).
     #[serde(skip)]
     pub streamed: Option<StreamedKeyed>,
+    /// Restore plans only: the chain of files (with their keyed bytes, oldest first) this
+    /// subtask's keyed state is restored from whole, unchanged: a disk operator's next
+    /// snapshot may be a delta on it instead of a full one (`runtime/local.rs` keeps it only
+    /// for the job's own checkpoints).
+    #[serde(skip)]
+    pub resume: Option<Vec<(crate::checkpoint::incremental::ChainLink, u64)>>,
 }
 
 impl SubtaskState {
@@ -479,6 +485,7 @@ mod tests {
             adopted_sinks: vec![],
             adopted_blobs: vec![],
             streamed: None,
+            resume: None,
         }
     }
 

@@ -588,6 +588,19 @@ pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
             files.push(dir.join(&s.file));
             let state = match ChainIndex::open(&files) {
                 Ok((chain, mut rest)) => {
+                    let (lo, hi) = s.key_groups;
+                    if let Some(g) = chain.groups().find(|g| !(lo..hi).contains(g)) {
+                        return Err(chain_error(
+                            ChainError::State {
+                                path: chain.newest().to_path_buf(),
+                                source: StateFileError::Decode(format!(
+                                    "it holds key group {g}, outside the subtask's key groups {lo}..{hi}"
+                                )),
+                            },
+                            &op.uid,
+                            s.index,
+                        ));
+                    }
                     if chain.groups().next().is_some() {
                         rest.streamed = Some(StreamedKeyed::whole(chain));
                     }
@@ -663,7 +676,7 @@ impl LoadedCheckpoint {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::checkpoint::metadata::{FORMAT_VERSION, OperatorEntry, SubtaskEntry};
 
@@ -877,7 +890,7 @@ mod tests {
         assert!(stored_component_path(&format!("../components/{}.wasm", "a".repeat(64))));
     }
 
-    fn keyed(entries: &[(&[u8], Option<&[u8]>)], delta: bool) -> SubtaskState {
+    pub(crate) fn keyed(entries: &[(&[u8], Option<&[u8]>)], delta: bool) -> SubtaskState {
         use crate::checkpoint::layout::{NamedState, encode, encode_delta};
         let data = if delta {
             encode_delta(&[("s".into(), entries.iter().map(|(k, v)| (k.to_vec(), v.map(|v| v.to_vec()))).collect())])
@@ -897,7 +910,7 @@ mod tests {
     }
 
     /// Checkpoint `id` whose subtask file builds on `chain` (ids of earlier checkpoints).
-    fn chained(store: &CheckpointStore, id: u64, state: &SubtaskState, chain: &[u64]) {
+    pub(crate) fn chained(store: &CheckpointStore, id: u64, state: &SubtaskState, chain: &[u64]) {
         let (bytes, crc) = store.write_state(CheckpointId(id), "op-0.state", state).unwrap();
         let mut m = manifest(id, "op-0.state", bytes, crc);
         m.operators[0].subtasks[0].chain = chain

@@ -45,6 +45,11 @@ pub trait OperatorLogic: Send {
     fn keyed_state_on_disk(&self) -> bool {
         false
     }
+    /// The disk backend, after a restore: what the restore wrote is the base the next
+    /// incremental snapshot builds on, not a change since it.
+    fn restored_as_base(&mut self) -> Result<(), GuestError> {
+        Err(GuestError::Failed { call: "restore", message: "this operator keeps no record of changes".into() })
+    }
     /// `page-in` (the disk backend): these keys' state into the guest's cache.
     fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
         let _ = state;

@@ -388,6 +388,15 @@ impl OperatorLogic for Paged {
     fn keyed_state_on_disk(&self) -> bool {
         true
     }
+
+    fn restored_as_base(&mut self) -> Result<(), GuestError> {
+        if self.track {
+            // Every restored key was paged out in a change epoch: none is a change.
+            self.store.forget_changes(self.epoch).map_err(store_failed("restore"))?;
+            self.epoch += 1;
+        }
+        Ok(())
+    }
 }
 
 /// Where the disk backend's stores live: `$WEIR_STATE_DIR`, else the system's temporary

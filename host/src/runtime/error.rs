@@ -72,6 +72,15 @@ pub enum TaskFailure {
         /// Likely to pass on a retry (an unreachable service, a lost worker).
         transient: bool,
     },
+    /// The checkpoint the subtask restores from could not be read as it restored (a file
+    /// damaged or changed since the checkpoint was loaded): not the operator's fault.
+    #[error("subtask {task}: {message}")]
+    Checkpoint {
+        /// The subtask.
+        task: TaskId,
+        /// The file and what is wrong with it, and what to do.
+        message: String,
+    },
     /// The subtask's thread panicked (a host bug).
     #[error("subtask {task}: internal error (thread panicked: {message})")]
     Panicked {
@@ -127,6 +136,7 @@ impl TaskFailure {
             | TaskFailure::Disconnected { task }
             | TaskFailure::Cancelled { task }
             | TaskFailure::Remote { task, .. }
+            | TaskFailure::Checkpoint { task, .. }
             | TaskFailure::Panicked { task, .. } => task,
         }
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 
+use crate::checkpoint::metadata::SnapshotKind;
 use crate::checkpoint::recovery::{self, RestorePlan};
 use crate::checkpoint::storage::{CheckpointStore, LoadedCheckpoint};
 use crate::connectors::file_sink::clear_parts;
@@ -267,9 +268,20 @@ fn restore_plan(a: &Attempt<'_>) -> Result<Option<RestorePlan>, RunError> {
             .and_then(|(f, _)| f.info().states.iter().find(|s| s.name == state).map(|s| s.redistribution))
             .unwrap_or(Redistribution::None)
     };
-    recovery::plan(c, g, &redistribution, a.dropped, a.opts.allow_non_restored_state).map(Some).map_err(|e| {
+    let mut plan = recovery::plan(c, g, &redistribution, a.dropped, a.opts.allow_non_restored_state).map_err(|e| {
         RunError::Setup { job: g.name.clone(), message: format!("cannot restore {}: {e}", c.path.display()) }
-    })
+    })?;
+    // New checkpoints may build on the restored files only where the store keeps them: a
+    // checkpoint of this job's own store, not a savepoint or a downloaded copy.
+    let own = a.store.is_some_and(|s| {
+        c.manifest.kind != SnapshotKind::Savepoint
+            && c.path.parent().and_then(|p| p.canonicalize().ok()) == s.root().canonicalize().ok()
+            && c.path.file_name() == Some(std::ffi::OsStr::new(&format!("chk-{}", c.manifest.checkpoint_id)))
+    });
+    if !own {
+        plan.iter_mut().flatten().flatten().for_each(|st| st.resume = None);
+    }
+    Ok(Some(plan))
 }
 
 /// This process's channels of the plan (see [`wire`]).

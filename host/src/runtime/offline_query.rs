@@ -101,7 +101,8 @@ pub fn query_checkpoint(engine: &Engine, q: &OfflineQuery<'_>) -> Result<QueryAn
     let mut instance = component.instantiate(host).map_err(|e| e.to_string())?;
     let at = |what: &str, e: crate::sandbox::instance::GuestError| format!("`{uid}` subtask {} {what}: {e}", sub.index);
     instance.open(&q.config).map_err(|e| at("failed to open (pass its config with --config KEY=VALUE)", e))?;
-    put_state(&mut instance, entry.schema_version, &snapshot).map_err(|e| at("failed to restore", e))?;
+    put_state(&mut instance, entry.schema_version, &snapshot)
+        .map_err(|e| format!("`{uid}` subtask {} failed to restore: {e}", sub.index))?;
     let value = OperatorLogic::query_state(&mut instance, &state, kg, q.key).map_err(|e| at("failed to answer", e))?;
     QueryAnswer::from_guest(uid, sub.index, &state, kg, q.key, value)
 }

@@ -132,6 +132,12 @@ impl Participant {
         self.incremental.taken(id, &self.file, full, keyed_bytes);
     }
 
+    /// The operator's keyed state was restored whole from `chain`'s files, unchanged: the next
+    /// snapshot may be a delta on them (`IncrementalPolicy::resume`).
+    pub fn resume_chain(&mut self, chain: Vec<(ChainLink, u64)>) {
+        self.incremental.resume(chain);
+    }
+
     /// The operator's state no longer matches what was snapshotted (a live upgrade
     /// switched instances): the next snapshot is full.
     pub fn state_replaced(&mut self) {

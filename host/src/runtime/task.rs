@@ -293,6 +293,17 @@ pub fn capture(instance: &mut dyn OperatorLogic, snap: OperatorSnapshot) -> Subt
     SubtaskState { keyed: groups.into_values().collect(), operator_state: snap.operator_state, ..Default::default() }
 }
 
+/// Why a subtask's state could not be put into its operator.
+#[derive(Debug, thiserror::Error)]
+pub enum PutStateError {
+    /// The operator refused or trapped.
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    /// A file of the checkpoint could not be read as the state streamed in.
+    #[error("reading its keyed state from the checkpoint failed: {0}")]
+    Checkpoint(crate::checkpoint::keyed_files::ChainError),
+}
+
 /// Key-group bytes handed to a disk operator per `restore` call while its state streams in
 /// from the checkpoint's files (each call's groups go to its store before the next is read).
 const STREAMED_RESTORE_CHUNK: usize = 16 << 20;
@@ -306,7 +317,7 @@ pub fn put_state(
     instance: &mut dyn OperatorLogic,
     schema_version: u32,
     state: &SubtaskState,
-) -> Result<(), GuestError> {
+) -> Result<(), PutStateError> {
     let mut snap = OperatorSnapshot {
         keyed: state
             .keyed
@@ -320,7 +331,7 @@ pub fn put_state(
         restore_timers(instance, k)?;
     }
     let Some(streamed) = state.streamed.as_ref().filter(|s| !s.is_empty()) else {
-        return instance.restore(schema_version, &snap);
+        return Ok(instance.restore(schema_version, &snap)?);
     };
     let chunked = instance.keyed_state_on_disk();
     let mut bytes: usize = snap.keyed.iter().map(|k| k.data.len()).sum();
@@ -340,10 +351,8 @@ pub fn put_state(
         Ok(())
     });
     read.map_err(|e| match e {
-        StreamError::Consumer(e) => e,
-        StreamError::Chain(e) => {
-            GuestError::Failed { call: "restore", message: format!("reading its keyed state from the checkpoint: {e}") }
-        }
+        StreamError::Consumer(e) => PutStateError::Guest(e),
+        StreamError::Chain(e) => PutStateError::Checkpoint(e),
     })?;
     if !called || !snap.keyed.is_empty() {
         instance.restore(schema_version, &snap)?;
@@ -574,7 +583,28 @@ impl OperatorTask {
 
     fn restore_state(&mut self) -> Result<(), TaskFailure> {
         let Some(r) = self.restore.take() else { return Ok(()) };
-        put_state(self.instance.as_mut(), r.schema_version, &r.state).map_err(|e| self.guest(e))?;
+        put_state(self.instance.as_mut(), r.schema_version, &r.state).map_err(|e| match e {
+            PutStateError::Guest(e) => self.guest(e),
+            PutStateError::Checkpoint(e) => TaskFailure::Checkpoint {
+                task: self.id.clone(),
+                message: format!(
+                    "cannot read its state from the checkpoint: {e}; {}",
+                    crate::checkpoint::storage::UNLOADABLE_ADVICE
+                ),
+            },
+        })?;
+        // A disk operator restored whole from the job's own chain, unmigrated: its next
+        // snapshot is a delta on that chain, not a full scan of its store.
+        if let Some(chain) = r.state.resume.clone()
+            && r.schema_version == self.schema_version
+            && self.instance.keyed_state_on_disk()
+            && self.checkpoints.is_some()
+        {
+            self.instance.restored_as_base().map_err(|e| self.guest(e))?;
+            if let Some(p) = self.checkpoints.as_mut() {
+                p.resume_chain(chain);
+            }
+        }
         // The records in flight at the checkpoint (a loop head's back-edges', an unaligned
         // checkpoint's inputs') are processed first, like any input: dead letters included
         // (counted in flight since the part was built: see `local::build_part`).
