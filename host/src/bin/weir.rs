@@ -1276,11 +1276,13 @@ fn inspect(dir: &std::path::Path) -> Result<()> {
             let mut count = |k: &weir::checkpoint::snapshot::KeyGroupSnapshot| {
                 groups += 1;
                 timers += k.event_timers.len() + k.processing_timers.len();
-                Ok::<_, std::convert::Infallible>(())
             };
-            st.keyed.iter().try_for_each(&mut count).ok();
+            st.keyed.iter().for_each(&mut count);
             if let Some(streamed) = &st.streamed
-                && let Err(weir::checkpoint::keyed_files::StreamError::Chain(e)) = streamed.read(|k| count(&k))
+                && let Err(weir::checkpoint::keyed_files::StreamError::Chain(e)) = streamed.read(|k| {
+                    count(&k);
+                    Ok::<_, std::convert::Infallible>(())
+                })
             {
                 anyhow::bail!("`{}` subtask {}: {e}", op.uid, s.index);
             }

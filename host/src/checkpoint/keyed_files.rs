@@ -86,21 +86,13 @@ impl<R: Read> Read for Hashing<R> {
 /// One verified state file: where each key group's frame lies, and which file it was (a
 /// reader refuses a file that changed or was replaced since). Not held open: a restore of
 /// many subtasks with long chains would run out of file descriptors.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct FileIndex {
     path: PathBuf,
     identity: Identity,
     /// (key group, offset of its frame's value, length), sorted by key group.
     groups: Vec<(u32, u64, u64)>,
 }
-
-impl PartialEq for FileIndex {
-    fn eq(&self, other: &Self) -> bool {
-        self.path == other.path && self.groups == other.groups
-    }
-}
-
-impl Eq for FileIndex {}
 
 /// Device, inode, length and modification time of a file.
 type Identity = (u64, u64, u64, i64, i64);

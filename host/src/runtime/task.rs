@@ -596,14 +596,12 @@ impl OperatorTask {
         // A disk operator restored whole from the job's own chain, unmigrated: its next
         // snapshot is a delta on that chain, not a full scan of its store.
         if let Some(chain) = r.state.resume.clone()
+            && let Some(p) = self.checkpoints.as_mut()
             && r.schema_version == self.schema_version
             && self.instance.keyed_state_on_disk()
-            && self.checkpoints.is_some()
         {
-            self.instance.restored_as_base().map_err(|e| self.guest(e))?;
-            if let Some(p) = self.checkpoints.as_mut() {
-                p.resume_chain(chain);
-            }
+            self.instance.restored_as_base().map_err(|source| TaskFailure::Guest { task: self.id.clone(), source })?;
+            p.resume_chain(chain);
         }
         // The records in flight at the checkpoint (a loop head's back-edges', an unaligned
         // checkpoint's inputs') are processed first, like any input: dead letters included
