@@ -101,7 +101,7 @@ pub fn wait_records(r: &Running, uid: &str, n: u64) {
     }
 }
 
-fn load_factory(name: &str) -> OperatorFactory {
+pub fn load_factory(name: &str) -> OperatorFactory {
     let engine = new_engine().unwrap();
     OperatorFactory::Wasm(Arc::new(LoadedComponent::load(&engine, "oracle", &component(name)).unwrap()))
 }

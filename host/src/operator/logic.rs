@@ -50,6 +50,18 @@ pub trait OperatorLogic: Send {
     fn restored_as_base(&mut self) -> Result<(), GuestError> {
         Err(GuestError::Failed { call: "restore", message: "this operator keeps no record of changes".into() })
     }
+    /// The instance that replaces this one in a live upgrade: `inner` (a new component's
+    /// instance, not yet opened) with the same state backend. On the disk backend that is a
+    /// new store of its own (`keyed_states` in the new component's order), so a rolled-back
+    /// upgrade leaves this one's store as it was; in memory it is `inner` itself.
+    fn successor(
+        &self,
+        inner: Box<dyn OperatorLogic>,
+        keyed_states: Vec<String>,
+    ) -> Result<Box<dyn OperatorLogic>, GuestError> {
+        let _ = keyed_states;
+        Ok(inner)
+    }
     /// `page-in` (the disk backend): these keys' state into the guest's cache.
     fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
         let _ = state;

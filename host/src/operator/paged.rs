@@ -89,6 +89,8 @@ pub struct Paged {
     snapshot: Option<InProgress>,
     /// Bytes of keyed state one restore call hands the guest (about; whole groups).
     restore_chunk: usize,
+    /// Bytes of the guest's cache.
+    cache_bytes: usize,
     counters: Arc<PagingCounters>,
     /// The guest's linear memory after the previous call.
     guest_memory: u64,
@@ -116,6 +118,7 @@ impl Paged {
             groups,
             snapshot: None,
             restore_chunk: (cache_bytes / 4).max(CHUNK_BYTES),
+            cache_bytes,
             counters,
             guest_memory: 0,
             track,
@@ -387,6 +390,24 @@ impl OperatorLogic for Paged {
     }
     fn keyed_state_on_disk(&self) -> bool {
         true
+    }
+
+    fn successor(
+        &self,
+        inner: Box<dyn OperatorLogic>,
+        keyed_states: Vec<String>,
+    ) -> Result<Box<dyn OperatorLogic>, GuestError> {
+        let root = self.store.dir().parent().unwrap_or(Path::new("."));
+        let setup = Setup {
+            states: keyed_states,
+            groups: self.groups.clone(),
+            cache_bytes: self.cache_bytes,
+            track: self.track,
+            budget: self.budget.clone(),
+        };
+        let next = Paged::new(inner, &fresh_store_dir(root), setup, self.counters.clone())
+            .map_err(|e| GuestError::Failed { call: "open", message: e.to_string() })?;
+        Ok(Box::new(next))
     }
 
     fn restored_as_base(&mut self) -> Result<(), GuestError> {

@@ -99,6 +99,11 @@ impl StateStore {
         Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changes, states })
     }
 
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn io<E: Into<fjall::Error>>(&self) -> impl Fn(E) -> StoreError + '_ {
         |e| io_error(&self.dir, e.into())
     }

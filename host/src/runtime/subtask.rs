@@ -249,6 +249,7 @@ fn operator(
             draining: None,
             ledger,
             upgrade: None,
+            upgrade_ready: None,
             dead_letter,
         })
     }))

@@ -23,7 +23,7 @@ use crate::graph::logical::Side;
 use crate::ids::{CheckpointId, TaskId};
 use crate::operator::{OperatorFactory, OperatorLogic};
 use crate::record::{Batch, NO_KEY_GROUP};
-use crate::runtime::control::{Control, Event, Timing};
+use crate::runtime::control::{Control, Timing};
 use crate::runtime::error::TaskFailure;
 use crate::runtime::failed_record;
 use crate::runtime::faults::{FaultKind, FaultPlan};
@@ -36,8 +36,9 @@ use crate::runtime::participant::{self, Participant};
 use crate::runtime::query::StateQuery;
 use crate::runtime::termination::LoopTermination;
 use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot, SnapshotMode, TimeDomain};
-use crate::sandbox::host::HostState;
 use crate::sandbox::instance::GuestError;
+
+mod upgrade;
 use crate::sandbox::timers::now_ms;
 
 /// Timers handed to the guest per `on-timer` call: a watermark that passes a million timers
@@ -95,6 +96,9 @@ pub struct OperatorTask {
     pub deferred: std::collections::VecDeque<Control>,
     /// A live upgrade armed for the barrier of this checkpoint.
     pub upgrade: Option<(CheckpointId, OperatorFactory)>,
+    /// The new instance of a live upgrade, once its state is restored (or why it could not
+    /// be), until the decision.
+    pub upgrade_ready: Option<Result<Box<dyn OperatorLogic>, String>>,
     /// A snapshot the operator is still handing out in chunks (copy-on-write): pulled
     /// between batches, completed before anything else is snapshotted.
     pub draining: Option<Draining>,
@@ -230,6 +234,8 @@ pub struct Draining {
     pause_ms: f64,
     align_ms: f64,
     calls: u32,
+    /// A live upgrade of a disk operator: every part also goes into the new instance.
+    tee: Option<upgrade::Tee>,
 }
 
 /// The "more follows" marker of a chunked snapshot.
@@ -706,6 +712,9 @@ impl OperatorTask {
         let t = Instant::now();
         let (chunk, more) = self.pull_chunk(d.id, d.full, &mut d.calls, &mut d.bytes)?;
         d.keyed += chunk.iter().map(|k| k.data.len() as u64).sum::<u64>();
+        if let Some(t) = d.tee.as_mut() {
+            t.put_chunk(&chunk);
+        }
         d.pause_ms = d.pause_ms.max(t.elapsed().as_secs_f64() * 1e3);
         let groups = chunk
             .into_iter()
@@ -759,6 +768,10 @@ impl OperatorTask {
         let Some(mut d) = self.draining.take() else { return Ok(()) };
         d.state.keyed.extend(std::mem::take(&mut d.timers).into_values());
         d.state.keyed.sort_by_key(|k| k.key_group);
+        if let Some(t) = d.tee.take() {
+            // Before the last part goes to the writer: the report precedes the ack.
+            self.upgrade_prepared(d.id, t.finish(d.full));
+        }
         if let Some(p) = self.checkpoints.as_mut() {
             p.snapshot_taken(d.id, d.full, d.keyed);
             p.submit(d.id, d.state, Timing { align_ms: d.align_ms, sync_ms: d.pause_ms, async_ms: 0.0 });
@@ -807,61 +820,18 @@ impl OperatorTask {
 
     /// An aligned barrier: forward it, capture the state (synchronous part), hand it to the
     /// writer (asynchronous part). If a live upgrade is armed for this barrier, the state is
-    /// also restored into the new component, which replaces the running instance only if
-    /// every subtask of the operator succeeded.
+    /// also restored into the new component (`task/upgrade.rs`).
     fn checkpoint(&mut self, id: CheckpointId, align_started: Option<Instant>) -> Result<(), TaskFailure> {
         let align_ms = align_started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         self.output.broadcast(|| Message::Barrier(id)).map_err(|d| self.disconnected(d))?;
         // The upgrade's control message may still be queued behind data: look for it.
         self.read_control_ahead();
-        if self.upgrade.as_ref().is_none_or(|(u, _)| *u != id) && self.checkpoints.is_some() {
-            // The common case: the operator's state is copied out at the barrier (in chunks
-            // between the next batches if it is large), the stream goes on.
-            self.snapshot_streaming(id, align_ms)?;
-            return self.fault_at_barrier(id);
+        if let Some(factory) = self.armed_upgrade(id) {
+            return self.upgrade_at_barrier(id, align_ms, factory);
         }
-        let t0 = Instant::now();
-        let state = self.snapshot_state(id)?;
-        let sync_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let mut upgrade = self.upgrade.take_if(|(u, _)| *u == id).map(|(_, f)| f);
-        if self
-            .deferred
-            .iter()
-            .any(|c| matches!(c, Control::Abort(a) | Control::UpgradeDecision { id: a, .. } if *a == id))
-        {
-            // Already aborted or decided (a rollback) before this subtask got here.
-            upgrade = None;
-        }
-        let Some(factory) = upgrade else {
-            if let Some(p) = self.checkpoints.as_mut() {
-                p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
-            }
-            return self.fault_at_barrier(id);
-        };
-        let prepared = self.prepare_upgrade(&factory, &state);
-        let result = prepared.as_ref().map(|_| ()).map_err(|e| e.clone());
-        let Some(p) = self.checkpoints.as_mut() else { return Ok(()) };
-        let state_bytes =
-            state.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + state.operator_state.len() as u64;
-        let _ = p.events.send(Event::UpgradePrepared { task: p.task, id, result, state_bytes });
-        p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
-        let commit = self.await_decision(id)?;
-        let committed = match (commit, prepared) {
-            (true, Ok(new)) => {
-                self.instance = new;
-                self.schema_version = factory.info().schema_version;
-                if let Some(p) = self.checkpoints.as_mut() {
-                    p.state_replaced();
-                }
-                true
-            }
-            _ => false,
-        };
-        let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
-        if let Some(p) = self.checkpoints.as_ref() {
-            let _ = p.events.send(Event::UpgradeResumed { task: p.task, id, committed, pause_ms });
-        }
-        self.route_emitted()?;
+        // The common case: the operator's state is copied out at the barrier (in chunks
+        // between the next batches if it is large), the stream goes on.
+        self.snapshot_streaming(id, align_ms, None)?;
         self.fault_at_barrier(id)
     }
 
@@ -874,65 +844,6 @@ impl OperatorTask {
                 Control::PrepareUpgrade { id, factory } => self.upgrade = Some((id, factory)),
                 Control::FullSnapshot(id) => p.force_full(id),
                 other => self.deferred.push_back(other),
-            }
-        }
-    }
-
-    /// A new instance of `factory` for this subtask, opened, with `state` restored (and
-    /// migrated) into it. The running instance is not touched.
-    fn prepare_upgrade(
-        &mut self,
-        factory: &OperatorFactory,
-        state: &SubtaskState,
-    ) -> Result<Box<dyn OperatorLogic>, String> {
-        let old = self.instance.host();
-        let mut host =
-            HostState::new(old.task.clone(), factory.info().side_outputs.len() as u32).with_limits(old.limits);
-        host.echo_logs = old.echo_logs;
-        host.watermark = old.watermark;
-        let schema = self.schema_version;
-        let mut new = factory.instantiate(host).map_err(|e| e.to_string())?;
-        new.open(&self.config).map_err(|e| e.to_string())?;
-        put_state(new.as_mut(), schema, state).map_err(|e| e.to_string())?;
-        // Records a guest emits while restoring are not part of the stream.
-        let _ = new.take_emitted();
-        Ok(new)
-    }
-
-    /// Waits for the coordinator's decision on the upgrade at `id` (the operator's inputs
-    /// stay unread meanwhile); an abort of `id` is a rollback.
-    fn await_decision(&mut self, id: CheckpointId) -> Result<bool, TaskFailure> {
-        let Some(control) = self.checkpoints.as_ref().map(|p| p.control.clone()) else { return Ok(false) };
-        // Messages read ahead come first.
-        if let Some(i) =
-            self.deferred.iter().position(|c| matches!(c, Control::UpgradeDecision { id: d, .. } if *d == id))
-        {
-            let Some(Control::UpgradeDecision { commit, .. }) = self.deferred.remove(i) else { unreachable!() };
-            return Ok(commit);
-        }
-        if self.deferred.iter().any(|c| matches!(c, Control::Abort(a) if *a == id) || matches!(c, Control::Stop)) {
-            return Ok(false);
-        }
-        loop {
-            match control.recv_timeout(Duration::from_millis(50)) {
-                Ok(Control::UpgradeDecision { id: d, commit }) if d == id => return Ok(commit),
-                Ok(Control::Abort(a)) if a == id => {
-                    self.deferred.push_back(Control::Abort(a));
-                    return Ok(false);
-                }
-                Ok(Control::Stop) => {
-                    self.deferred.push_back(Control::Stop);
-                    return Ok(false);
-                }
-                Ok(other) => self.deferred.push_back(other),
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    if self.cancel.load(Ordering::Relaxed) {
-                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
-                    }
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    return Err(TaskFailure::Cancelled { task: self.id.clone() });
-                }
             }
         }
     }
@@ -1444,7 +1355,7 @@ impl OperatorTask {
     /// queued (carrying what waits for room, the end of stream included), so the subtasks
     /// downstream need not wait for it to drain.
     fn final_snapshot(&mut self, c: CheckpointId) -> Result<(), TaskFailure> {
-        self.snapshot_streaming(c, 0.0)?;
+        self.snapshot_streaming(c, 0.0, None)?;
         if self.output.is_unaligned() {
             // A subtask downstream that has ended takes no barrier any more: that is fine.
             self.output.unaligned_barrier(c, Instant::now());
@@ -1454,10 +1365,19 @@ impl OperatorTask {
 
     /// Takes the snapshot of `id` at its barrier: the first chunk now (the stream's pause),
     /// the rest drained between the next batches and appended to the file as it comes.
-    fn snapshot_streaming(&mut self, id: CheckpointId, align_ms: f64) -> Result<(), TaskFailure> {
+    /// With `tee`, every part also goes into a live upgrade's new instance.
+    fn snapshot_streaming(
+        &mut self,
+        id: CheckpointId,
+        align_ms: f64,
+        mut tee: Option<upgrade::Tee>,
+    ) -> Result<(), TaskFailure> {
         self.drain_all()?;
         let t0 = Instant::now();
         let (mut state, full, more) = self.begin_snapshot(id)?;
+        if let Some(t) = tee.as_mut() {
+            t.put(&state);
+        }
         let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
         let bytes = state.keyed.iter().map(|k| k.data.len() as u64).sum();
         let mut timers = std::collections::BTreeMap::new();
@@ -1472,7 +1392,7 @@ impl OperatorTask {
             }
         }
         let keyed = bytes;
-        self.draining = Some(Draining { id, full, state, timers, bytes, keyed, pause_ms, align_ms, calls: 1 });
+        self.draining = Some(Draining { id, full, state, timers, bytes, keyed, pause_ms, align_ms, calls: 1, tee });
         if !more {
             self.drain_finish()?;
         }
@@ -1483,6 +1403,7 @@ impl OperatorTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::host::HostState;
 
     /// Restored timers are charged like registered ones: a checkpoint holding more timers than
     /// the subtask may hold is refused naming the limit, not loaded into host memory.

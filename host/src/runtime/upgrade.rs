@@ -76,13 +76,6 @@ pub fn validate(
             ni_.name, ni_.version
         ));
     }
-    if graph.nodes[ni].state_on_disk() {
-        return Err(format!(
-            "operator `{uid}` keeps its keyed state on the disk backend (state_backend = \"disk\"); live upgrades \
-             of disk-backed operators are not supported yet: stop the job with a savepoint and restore it with the \
-             new component (savepoints restore into either backend)"
-        ));
-    }
     if graph.edges.iter().any(|e| e.to == ni && e.feedback) {
         return Err(format!(
             "operator `{uid}` is a loop head (it has a feedback input); live upgrades of loop heads are not \

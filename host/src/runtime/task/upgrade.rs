@@ -1,0 +1,223 @@
+//! A live upgrade at one operator subtask: at the barrier of the upgrade's checkpoint the
+//! running instance's state is snapshotted (that checkpoint is full) and restored, through
+//! the new component's `restore` (which migrates it), into a new instance; the subtask
+//! reports, waits for the coordinator's decision (`checkpoint/upgrade.rs`) with its inputs
+//! unread, and switches only on `commit`.
+//!
+//! Invariants: the running instance is never changed by a prepare, so a rollback simply
+//! goes on with it; the report precedes the subtask's ack of the checkpoint (the
+//! coordinator treats a complete checkpoint without every report as a rollback); on the
+//! disk backend the new instance gets a store of its own and the state moves in chunks —
+//! each chunk of the snapshot goes to the checkpoint writer and into the new instance, so
+//! neither side ever holds the whole state in memory.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{OperatorTask, put_state};
+use crate::checkpoint::snapshot::{KeyGroupSnapshot, SubtaskState};
+use crate::ids::CheckpointId;
+use crate::operator::{OperatorFactory, OperatorLogic};
+use crate::runtime::control::{Control, Event, Timing};
+use crate::runtime::error::TaskFailure;
+use crate::sandbox::bindings::types::KeyGroupState;
+use crate::sandbox::host::HostState;
+
+/// A live upgrade's new instance taking the snapshot's parts as they are pulled.
+pub(crate) struct Tee {
+    new: Result<Box<dyn OperatorLogic>, String>,
+    /// Schema of the state the running instance holds.
+    schema: u32,
+    /// State bytes put so far (keyed and non-keyed).
+    bytes: u64,
+}
+
+impl Tee {
+    fn new(new: Result<Box<dyn OperatorLogic>, String>, schema: u32) -> Tee {
+        Tee { new, schema, bytes: 0 }
+    }
+
+    /// Restores `part` (the first carries the non-keyed state and every timer) into the new
+    /// instance; the first failure is kept and later parts are skipped.
+    pub(super) fn put(&mut self, part: &SubtaskState) {
+        self.bytes += part.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + part.operator_state.len() as u64;
+        let Ok(new) = self.new.as_mut() else { return };
+        let result = put_state(new.as_mut(), self.schema, part);
+        // Records a guest emits while restoring are not part of the stream.
+        let _ = new.take_emitted();
+        if let Err(e) = result {
+            self.new = Err(e.to_string());
+        }
+    }
+
+    /// Restores a later chunk: key-group data only (the timers came with the first part).
+    pub(super) fn put_chunk(&mut self, chunk: &[KeyGroupState]) {
+        let keyed: Vec<KeyGroupSnapshot> = chunk
+            .iter()
+            .filter(|k| !k.data.is_empty())
+            .map(|k| KeyGroupSnapshot {
+                key_group: k.key_group,
+                data: k.data.clone(),
+                event_timers: Default::default(),
+                processing_timers: Default::default(),
+            })
+            .collect();
+        if !keyed.is_empty() {
+            self.put(&SubtaskState { keyed, ..Default::default() });
+        }
+    }
+
+    /// The new instance once every part is in; `full`: the snapshot held the whole state.
+    pub(super) fn finish(self, full: bool) -> (Result<Box<dyn OperatorLogic>, String>, u64) {
+        let new = if full {
+            self.new
+        } else {
+            Err("the upgrade's checkpoint was taken as a delta, not a full snapshot (a bug): nothing to migrate from"
+                .into())
+        };
+        (new, self.bytes)
+    }
+}
+
+impl OperatorTask {
+    /// The upgrade armed for the barrier of `id`, unless `id` was already aborted or decided
+    /// (a rollback) before this subtask got there.
+    pub(super) fn armed_upgrade(&mut self, id: CheckpointId) -> Option<OperatorFactory> {
+        let factory = self.upgrade.take_if(|(u, _)| *u == id).map(|(_, f)| f)?;
+        let decided = self
+            .deferred
+            .iter()
+            .any(|c| matches!(c, Control::Abort(a) | Control::UpgradeDecision { id: a, .. } if *a == id));
+        (!decided).then_some(factory)
+    }
+
+    /// The barrier of upgrade checkpoint `id` (already forwarded): snapshot, prepare the new
+    /// instance, report, wait for the decision, switch or go on.
+    pub(super) fn upgrade_at_barrier(
+        &mut self,
+        id: CheckpointId,
+        align_ms: f64,
+        factory: OperatorFactory,
+    ) -> Result<(), TaskFailure> {
+        let t0 = Instant::now();
+        if let Some(p) = self.checkpoints.as_mut() {
+            p.force_full(id);
+        }
+        if self.instance.keyed_state_on_disk() {
+            // The previous checkpoint's chunks must not go into the new instance.
+            self.drain_all()?;
+            let tee = Tee::new(self.new_instance(&factory), self.schema_version);
+            self.snapshot_streaming(id, align_ms, Some(tee))?;
+            self.drain_all()?;
+        } else {
+            self.prepare_in_memory(id, align_ms, &factory)?;
+        }
+        // Nothing prepared: the checkpoint was aborted while its snapshot was drained.
+        let Some(prepared) = self.upgrade_ready.take() else { return self.fault_at_barrier(id) };
+        let commit = self.await_decision(id)?;
+        let committed = match (commit, prepared) {
+            (true, Ok(new)) => {
+                self.instance = new;
+                self.schema_version = factory.info().schema_version;
+                if let Some(p) = self.checkpoints.as_mut() {
+                    p.state_replaced();
+                }
+                true
+            }
+            _ => false,
+        };
+        let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if let Some(p) = self.checkpoints.as_ref() {
+            let _ = p.events.send(Event::UpgradeResumed { task: p.task, id, committed, pause_ms });
+        }
+        self.route_emitted()?;
+        self.fault_at_barrier(id)
+    }
+
+    /// The memory backend: the whole state is captured at once (the guest holds it anyway),
+    /// restored into the new instance, then handed to the writer.
+    fn prepare_in_memory(
+        &mut self,
+        id: CheckpointId,
+        align_ms: f64,
+        factory: &OperatorFactory,
+    ) -> Result<(), TaskFailure> {
+        let t0 = Instant::now();
+        let state = self.snapshot_state(id)?;
+        let sync_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let mut tee = Tee::new(self.new_instance(factory), self.schema_version);
+        tee.put(&state);
+        self.upgrade_prepared(id, tee.finish(true));
+        if let Some(p) = self.checkpoints.as_mut() {
+            p.submit(id, state, Timing { align_ms, sync_ms, async_ms: 0.0 });
+        }
+        Ok(())
+    }
+
+    /// Reports the prepared upgrade at `id` to the coordinator and keeps the new instance
+    /// until the decision.
+    pub(super) fn upgrade_prepared(
+        &mut self,
+        id: CheckpointId,
+        (new, state_bytes): (Result<Box<dyn OperatorLogic>, String>, u64),
+    ) {
+        if let Some(p) = self.checkpoints.as_ref() {
+            let result = new.as_ref().map(|_| ()).map_err(|e| e.clone());
+            let _ = p.events.send(Event::UpgradePrepared { task: p.task, id, result, state_bytes });
+        }
+        self.upgrade_ready = Some(new);
+    }
+
+    /// A new instance of `factory` for this subtask, on the running instance's state
+    /// backend, opened. The running instance is not touched.
+    fn new_instance(&mut self, factory: &OperatorFactory) -> Result<Box<dyn OperatorLogic>, String> {
+        let old = self.instance.host();
+        let mut host =
+            HostState::new(old.task.clone(), factory.info().side_outputs.len() as u32).with_limits(old.limits);
+        host.echo_logs = old.echo_logs;
+        host.watermark = old.watermark;
+        let new = factory.instantiate(host).map_err(|e| e.to_string())?;
+        let keyed = factory.info().states.iter().filter(|s| s.keyed).map(|s| s.name.clone()).collect();
+        let mut new = self.instance.successor(new, keyed).map_err(|e| e.to_string())?;
+        new.open(&self.config).map_err(|e| e.to_string())?;
+        Ok(new)
+    }
+
+    /// Waits for the coordinator's decision on the upgrade at `id` (the operator's inputs
+    /// stay unread meanwhile); an abort of `id` is a rollback.
+    fn await_decision(&mut self, id: CheckpointId) -> Result<bool, TaskFailure> {
+        let Some(control) = self.checkpoints.as_ref().map(|p| p.control.clone()) else { return Ok(false) };
+        // Messages read ahead come first.
+        if let Some(i) =
+            self.deferred.iter().position(|c| matches!(c, Control::UpgradeDecision { id: d, .. } if *d == id))
+        {
+            let Some(Control::UpgradeDecision { commit, .. }) = self.deferred.remove(i) else { unreachable!() };
+            return Ok(commit);
+        }
+        if self.deferred.iter().any(|c| matches!(c, Control::Abort(a) if *a == id) || matches!(c, Control::Stop)) {
+            return Ok(false);
+        }
+        loop {
+            match control.recv_timeout(Duration::from_millis(50)) {
+                Ok(Control::UpgradeDecision { id: d, commit }) if d == id => return Ok(commit),
+                Ok(Control::Abort(a)) if a == id => {
+                    self.deferred.push_back(Control::Abort(a));
+                    return Ok(false);
+                }
+                Ok(Control::Stop) => {
+                    self.deferred.push_back(Control::Stop);
+                    return Ok(false);
+                }
+                Ok(other) => self.deferred.push_back(other),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if self.cancel.load(Ordering::Relaxed) {
+                        return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(TaskFailure::Cancelled { task: self.id.clone() });
+                }
+            }
+        }
+    }
+}
