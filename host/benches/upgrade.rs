@@ -6,8 +6,10 @@
 //! Job: generator (K keys, 4 records per key, rate-limited so the job is still running) →
 //! `test-oracle` v1 (one u64 per key in keyed state) at parallelism 2 → blackhole. Once every key
 //! has state, the oracle is upgraded live to v2 (schema 2: every value migrated to a new layout)
-//! and, in a second run, to v1 itself (same schema, no migration). Printed: state bytes, pause
-//! (max over subtasks), and the upgrade's end-to-end time as the caller saw it.
+//! and, in a second run, to v1 itself (same schema, no migration). Each on the memory backend
+//! and on the disk backend (`state_backend = "disk"`, 1 MiB cache: the store moves chunk by
+//! chunk into the new instance's own store). Printed: state bytes, pause (max over subtasks),
+//! and the upgrade's end-to-end time as the caller saw it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,7 +48,8 @@ fn build_guests() -> PathBuf {
 }
 
 /// Runs one job, upgrades once the state is complete; returns (state bytes, pause ms, call ms).
-fn run(guests: &Path, keys: u64, to: &str) -> (u64, f64, f64) {
+fn run(guests: &Path, keys: u64, to: &str, backend: &str) -> (u64, f64, f64) {
+    let cache = if backend == "disk" { "state_cache_mb = 1\n" } else { "" };
     let dir = tempfile::tempdir().unwrap();
     let count = keys * 4;
     // Fill every key in ~1 s, then keep running ~3 s more.
@@ -55,7 +58,7 @@ fn run(guests: &Path, keys: u64, to: &str) -> (u64, f64, f64) {
         "[job]\nname = \"upgrade-bench\"\nmax_parallelism = 128\n[checkpoint]\ninterval_ms = 100000\ndir = \"chk\"\n\
          [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\nrate = {rate}\n\
          [[operator]]\nid = \"oracle\"\ncomponent = {:?}\nparallelism = 2\nconfig = {{ keys = \"{keys}\" }}\n\
-         inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         state_backend = \"{backend}\"\n{cache}inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
          [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"oracle\" }}]\n",
         guests.join("test_oracle.wasm").display().to_string()
     );
@@ -84,17 +87,25 @@ fn run(guests: &Path, keys: u64, to: &str) -> (u64, f64, f64) {
 fn main() {
     let guests = build_guests();
     println!("live upgrade pause, test-oracle at parallelism 2 (pause = max over subtasks, barrier to resumed)");
-    println!("{:>9} {:>12} {:>26} {:>12} {:>12}", "keys", "state", "upgrade", "pause ms", "call ms");
+    println!("{:>9} {:>12} {:>26} {:>8} {:>12} {:>12}", "keys", "state", "upgrade", "backend", "pause ms", "call ms");
     let sizes: Vec<u64> = std::env::var("WEIR_UPGRADE_KEYS")
         .ok()
         .map(|s| s.split(',').filter_map(|k| k.parse().ok()).collect())
         .unwrap_or_else(|| vec![10_000, 100_000, 500_000, 1_000_000]);
+    let backends: Vec<String> = std::env::var("WEIR_UPGRADE_BACKENDS")
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|_| vec!["memory".into(), "disk".into()]);
     for keys in sizes {
         for (to, label) in
             [("test_oracle_v2.wasm", "v1 -> v2 (migrate 1 -> 2)"), ("test_oracle.wasm", "v1 -> v1 (same schema)")]
         {
-            let (bytes, pause, call) = run(&guests, keys, to);
-            println!("{keys:>9} {:>9.2} MB {label:>26} {pause:>12.1} {call:>12.1}", bytes as f64 / 1e6);
+            for backend in &backends {
+                let (bytes, pause, call) = run(&guests, keys, to, backend);
+                println!(
+                    "{keys:>9} {:>9.2} MB {label:>26} {backend:>8} {pause:>12.1} {call:>12.1}",
+                    bytes as f64 / 1e6
+                );
+            }
         }
     }
 }

@@ -271,8 +271,13 @@ fn state_disk_live_upgrade_rolls_back_every_subtask_when_one_traps() {
     assert!(e.contains("rolled back; every subtask runs test-oracle 1.0.0 (schema 1) again"), "{e}");
     assert!(e.contains("subtask 1: guest trapped in `restore`"), "{e}");
     assert!(!e.contains("subtask 0:"), "{e}");
+    let node = r.handle.status().nodes.into_iter().find(|n| n.uid == "oracle").unwrap();
+    assert_eq!(node.component.as_deref(), Some("test-oracle 1.0.0 (schema 1)"));
     r.join().unwrap();
     assert_exact(d.path());
+    let store = storage::CheckpointStore::new(&d.path().join("chk"), "disk-sp");
+    let c = store.latest(|_| {}).unwrap().manifest.operator("oracle").unwrap().component.clone().unwrap();
+    assert_eq!(c.version, "1.0.0");
 }
 
 /// Keyed state ten times the guest's memory: 64 MiB of linear memory (a trap past it), about

@@ -58,7 +58,7 @@ pub trait OperatorLogic: Send {
         &self,
         inner: Box<dyn OperatorLogic>,
         keyed_states: Vec<String>,
-    ) -> Result<Box<dyn OperatorLogic>, GuestError> {
+    ) -> Result<Box<dyn OperatorLogic>, String> {
         let _ = keyed_states;
         Ok(inner)
     }

@@ -396,7 +396,7 @@ impl OperatorLogic for Paged {
         &self,
         inner: Box<dyn OperatorLogic>,
         keyed_states: Vec<String>,
-    ) -> Result<Box<dyn OperatorLogic>, GuestError> {
+    ) -> Result<Box<dyn OperatorLogic>, String> {
         let root = self.store.dir().parent().unwrap_or(Path::new("."));
         let setup = Setup {
             states: keyed_states,
@@ -406,7 +406,7 @@ impl OperatorLogic for Paged {
             budget: self.budget.clone(),
         };
         let next = Paged::new(inner, &fresh_store_dir(root), setup, self.counters.clone())
-            .map_err(|e| GuestError::Failed { call: "open", message: e.to_string() })?;
+            .map_err(|e| format!("{e} (give the disk backend a writable directory with space: WEIR_STATE_DIR)"))?;
         Ok(Box::new(next))
     }
 

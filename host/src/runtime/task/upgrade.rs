@@ -69,12 +69,19 @@ impl Tee {
 
     /// The new instance once every part is in; `full`: the snapshot held the whole state.
     pub(super) fn finish(self, full: bool) -> (Result<Box<dyn OperatorLogic>, String>, u64) {
-        let new = if full {
-            self.new
-        } else {
-            Err("the upgrade's checkpoint was taken as a delta, not a full snapshot (a bug): nothing to migrate from"
-                .into())
-        };
+        if !full {
+            let why =
+                "the upgrade's checkpoint was taken as a delta, not a full snapshot (a bug): nothing to migrate from";
+            return (Err(why.into()), self.bytes);
+        }
+        let new = self.new.and_then(|mut new| {
+            if new.keyed_state_on_disk() {
+                // Its next snapshot is full (a new chain): the restore's record of changes
+                // is not needed, and its files go now.
+                new.restored_as_base().map_err(|e| e.to_string())?;
+            }
+            Ok(new)
+        });
         (new, self.bytes)
     }
 }
@@ -108,7 +115,7 @@ impl OperatorTask {
             self.drain_all()?;
             let tee = Tee::new(self.new_instance(&factory), self.schema_version);
             self.snapshot_streaming(id, align_ms, Some(tee))?;
-            self.drain_all()?;
+            self.drain_upgrade(id)?;
         } else {
             self.prepare_in_memory(id, align_ms, &factory)?;
         }
@@ -132,6 +139,24 @@ impl OperatorTask {
         }
         self.route_emitted()?;
         self.fault_at_barrier(id)
+    }
+
+    /// Pulls the rest of the upgrade's snapshot (and through it the migration), between
+    /// chunks looking for an abort of `id` (which abandons both) and for cancellation: a
+    /// store can be far larger than memory, so this can take a while.
+    fn drain_upgrade(&mut self, id: CheckpointId) -> Result<(), TaskFailure> {
+        while self.draining.as_ref().is_some_and(|d| d.id == id) {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(TaskFailure::Cancelled { task: self.id.clone() });
+            }
+            self.read_control_ahead();
+            if self.deferred.iter().any(|c| matches!(c, Control::Abort(a) if *a == id)) {
+                self.abandon_drain(id);
+                break;
+            }
+            self.drain_step()?;
+        }
+        Ok(())
     }
 
     /// The memory backend: the whole state is captured at once (the guest holds it anyway),
@@ -178,7 +203,7 @@ impl OperatorTask {
         host.watermark = old.watermark;
         let new = factory.instantiate(host).map_err(|e| e.to_string())?;
         let keyed = factory.info().states.iter().filter(|s| s.keyed).map(|s| s.name.clone()).collect();
-        let mut new = self.instance.successor(new, keyed).map_err(|e| e.to_string())?;
+        let mut new = self.instance.successor(new, keyed)?;
         new.open(&self.config).map_err(|e| e.to_string())?;
         Ok(new)
     }
