@@ -164,18 +164,19 @@ const COUNT: u64 = 30_000;
 /// Generator → oracle (padded values: ~3 MB of state) → file sinks; `backend` is the oracle's
 /// `state_backend` (with a 1 MiB cache on disk).
 fn oracle_job(p: u32, backend: &str, rate: u64) -> String {
-    oracle_job_with(p, backend, rate, "")
+    oracle_job_with(p, backend, rate, 1000, "")
 }
 
-/// [`oracle_job`] with `extra` appended to the oracle's config table.
-fn oracle_job_with(p: u32, backend: &str, rate: u64, extra: &str) -> String {
+/// [`oracle_job`] with values padded to `pad` bytes and `extra` appended to the oracle's
+/// config table.
+fn oracle_job_with(p: u32, backend: &str, rate: u64, pad: u32, extra: &str) -> String {
     let cache = if backend == "disk" { "state_cache_mb = 1\n" } else { "" };
     format!(
         "[job]\nname = \"disk-sp\"\nmax_parallelism = 32\nbatch_size = 64\nchannel_capacity = 4\n\
          [checkpoint]\ninterval_ms = 100\ndir = \"chk\"\nincremental = true\n\
          [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {COUNT}\nkeys = {KEYS}\nrate = {rate}\n\
          [[operator]]\nid = \"oracle\"\ncomponent = {}\nparallelism = {p}\n\
-         config = {{ keys = \"{KEYS}\", pad = \"1000\"{extra} }}\nstate_backend = \"{backend}\"\n{cache}\
+         config = {{ keys = \"{KEYS}\", pad = \"{pad}\"{extra} }}\nstate_backend = \"{backend}\"\n{cache}\
          inputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
          [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = {p}\ninputs = [{{ from = \"oracle\" }}]\n\
          [[sink]]\nid = \"violations\"\ntype = \"file\"\npath = \"violations\"\n\
@@ -258,13 +259,33 @@ fn state_disk_live_upgrade_migrates_the_store_chunk_by_chunk_exactly_once() {
     assert_exact(d.path());
 }
 
+/// A live upgrade of a disk operator that migrates nothing (same schema, same keyed states)
+/// hands the running store over to the new guest: no keyed state moves (the pause does not
+/// grow with the store), the new guest pages its keys in from that store, and the output is
+/// exactly the uninterrupted run's. The state fits the cache here, so every key was resident
+/// in the old guest and must be paged in again by the new one.
+#[test]
+fn state_disk_live_upgrade_without_migration_hands_the_store_over() {
+    let d = scratch();
+    let mut r = start(d.path(), &oracle_job_with(2, "disk", 5_000, 16, ""), None, false);
+    wait_records(&r, "oracle", COUNT / 3);
+    let info = r.handle.upgrade("oracle", load_factory("test_oracle"), Duration::from_secs(120)).unwrap();
+    assert_eq!(info.migrated_from, None);
+    assert!(info.state_bytes < 64 << 10, "keyed state moved: {} bytes", info.state_bytes);
+    let s = r.join().unwrap();
+    let o = oracle(&s);
+    // Each key is paged in at its first record, and once more after the hand-over.
+    assert!(o.keys_paged_in > KEYS, "keys paged in: {}", o.keys_paged_in);
+    assert_exact(d.path());
+}
+
 /// A live upgrade of a disk operator that fails on one subtask (v2 traps while migrating
 /// there) rolls back on every subtask: the job goes on with v1 and its own stores, exactly
 /// once.
 #[test]
 fn state_disk_live_upgrade_rolls_back_every_subtask_when_one_traps() {
     let d = scratch();
-    let toml = oracle_job_with(2, "disk", 5_000, ", trap_in_restore = \"1\"");
+    let toml = oracle_job_with(2, "disk", 5_000, 1000, ", trap_in_restore = \"1\"");
     let mut r = start(d.path(), &toml, None, false);
     wait_records(&r, "oracle", COUNT / 3);
     let e = r.handle.upgrade("oracle", load_factory("test_oracle_v2"), Duration::from_secs(120)).unwrap_err();

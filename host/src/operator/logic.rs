@@ -62,6 +62,19 @@ pub trait OperatorLogic: Send {
         let _ = keyed_states;
         Ok(inner)
     }
+    /// The disk backend, for a live upgrade that migrates nothing: whether the store holds
+    /// exactly `keyed_states` (names and order), so a new component's instance can take it
+    /// over as it is ([`OperatorLogic::hand_over`]).
+    fn can_hand_over(&self, keyed_states: &[String]) -> bool {
+        let _ = keyed_states;
+        false
+    }
+    /// The disk backend: puts `inner` (opened, paged, non-keyed state and timers restored) in
+    /// place of the running guest, whose changes the barrier's snapshot took into the store;
+    /// the new guest starts with an empty cache. Returns the old guest.
+    fn hand_over(&mut self, inner: Box<dyn OperatorLogic>) -> Box<dyn OperatorLogic> {
+        inner
+    }
     /// `page-in` (the disk backend): these keys' state into the guest's cache.
     fn page_in(&mut self, state: Vec<KeyGroupState>) -> Result<(), GuestError> {
         let _ = state;

@@ -392,6 +392,16 @@ impl OperatorLogic for Paged {
         true
     }
 
+    fn can_hand_over(&self, keyed_states: &[String]) -> bool {
+        self.store.states() == keyed_states
+    }
+
+    fn hand_over(&mut self, inner: Box<dyn OperatorLogic>) -> Box<dyn OperatorLogic> {
+        self.resident.clear();
+        self.guest_memory = 0;
+        std::mem::replace(&mut self.inner, inner)
+    }
+
     fn successor(
         &self,
         inner: Box<dyn OperatorLogic>,

@@ -99,6 +99,11 @@ impl StateStore {
         Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changes, states })
     }
 
+    /// The keyed states it holds, in ordinal order.
+    pub fn states(&self) -> &[String] {
+        &self.states
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -98,7 +98,7 @@ pub struct OperatorTask {
     pub upgrade: Option<(CheckpointId, OperatorFactory)>,
     /// The new instance of a live upgrade, once its state is restored (or why it could not
     /// be), until the decision.
-    pub upgrade_ready: Option<Result<Box<dyn OperatorLogic>, String>>,
+    pub(crate) upgrade_ready: Option<Result<upgrade::Prepared, String>>,
     /// A snapshot the operator is still handing out in chunks (copy-on-write): pulled
     /// between batches, completed before anything else is snapshotted.
     pub draining: Option<Draining>,
@@ -1377,6 +1377,11 @@ impl OperatorTask {
         let (mut state, full, more) = self.begin_snapshot(id)?;
         if let Some(t) = tee.as_mut() {
             t.put(&state);
+        }
+        if let Some(t) = tee.take_if(|t| t.hands_over()) {
+            // A hand-over needs nothing of the keyed state: it reports now, and the rest of
+            // the snapshot drains between batches as usual.
+            self.upgrade_prepared(id, t.finish(full));
         }
         let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
         let bytes = state.keyed.iter().map(|k| k.data.len() as u64).sum();

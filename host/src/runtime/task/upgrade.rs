@@ -9,7 +9,10 @@
 //! coordinator treats a complete checkpoint without every report as a rollback); on the
 //! disk backend the new instance gets a store of its own and the state moves in chunks —
 //! each chunk of the snapshot goes to the checkpoint writer and into the new instance, so
-//! neither side ever holds the whole state in memory.
+//! neither side ever holds the whole state in memory — unless nothing needs migrating (same
+//! schema, same keyed states): then the new guest takes the running store over as it is
+//! (its non-keyed state and timers restored), and the pause does not depend on the store's
+//! size.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,9 +26,20 @@ use crate::runtime::error::TaskFailure;
 use crate::sandbox::bindings::types::KeyGroupState;
 use crate::sandbox::host::HostState;
 
+/// What a prepared upgrade switches to.
+pub(crate) enum Prepared {
+    /// A new instance, its state restored, in place of the running one.
+    Replace(Box<dyn OperatorLogic>),
+    /// A new guest taking over the running disk operator's store
+    /// ([`OperatorLogic::hand_over`]).
+    HandOver(Box<dyn OperatorLogic>),
+}
+
 /// A live upgrade's new instance taking the snapshot's parts as they are pulled.
 pub(crate) struct Tee {
     new: Result<Box<dyn OperatorLogic>, String>,
+    /// A hand-over: only the non-keyed state and the timers go in.
+    hand_over: bool,
     /// Schema of the state the running instance holds.
     schema: u32,
     /// State bytes put so far (keyed and non-keyed).
@@ -34,12 +48,30 @@ pub(crate) struct Tee {
 
 impl Tee {
     fn new(new: Result<Box<dyn OperatorLogic>, String>, schema: u32) -> Tee {
-        Tee { new, schema, bytes: 0 }
+        Tee { new, hand_over: false, schema, bytes: 0 }
+    }
+
+    /// A hand-over to `guest`: of the snapshot's first part it takes the non-keyed state and
+    /// the timers; it needs no other part.
+    fn hand_over(guest: Result<Box<dyn OperatorLogic>, String>, schema: u32) -> Tee {
+        Tee { new: guest, hand_over: true, schema, bytes: 0 }
+    }
+
+    pub(super) fn hands_over(&self) -> bool {
+        self.hand_over
     }
 
     /// Restores `part` (the first carries the non-keyed state and every timer) into the new
     /// instance; the first failure is kept and later parts are skipped.
     pub(super) fn put(&mut self, part: &SubtaskState) {
+        if self.hand_over {
+            let keyed = part.keyed.iter().map(|k| KeyGroupSnapshot { data: Vec::new(), ..k.clone() }).collect();
+            let carried = SubtaskState { keyed, operator_state: part.operator_state.clone(), ..Default::default() };
+            self.hand_over = false;
+            self.put(&carried);
+            self.hand_over = true;
+            return;
+        }
         self.bytes += part.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + part.operator_state.len() as u64;
         let Ok(new) = self.new.as_mut() else { return };
         let result = put_state(new.as_mut(), self.schema, part);
@@ -52,6 +84,9 @@ impl Tee {
 
     /// Restores a later chunk: key-group data only (the timers came with the first part).
     pub(super) fn put_chunk(&mut self, chunk: &[KeyGroupState]) {
+        if self.hand_over {
+            return;
+        }
         let keyed: Vec<KeyGroupSnapshot> = chunk
             .iter()
             .filter(|k| !k.data.is_empty())
@@ -68,7 +103,10 @@ impl Tee {
     }
 
     /// The new instance once every part is in; `full`: the snapshot held the whole state.
-    pub(super) fn finish(self, full: bool) -> (Result<Box<dyn OperatorLogic>, String>, u64) {
+    pub(super) fn finish(self, full: bool) -> (Result<Prepared, String>, u64) {
+        if self.hand_over {
+            return (self.new.map(Prepared::HandOver), self.bytes);
+        }
         if !full {
             let why =
                 "the upgrade's checkpoint was taken as a delta, not a full snapshot (a bug): nothing to migrate from";
@@ -80,7 +118,7 @@ impl Tee {
                 // is not needed, and its files go now.
                 new.restored_as_base().map_err(|e| e.to_string())?;
             }
-            Ok(new)
+            Ok(Prepared::Replace(new))
         });
         (new, self.bytes)
     }
@@ -113,9 +151,16 @@ impl OperatorTask {
         if self.instance.keyed_state_on_disk() {
             // The previous checkpoint's chunks must not go into the new instance.
             self.drain_all()?;
-            let tee = Tee::new(self.new_instance(&factory), self.schema_version);
+            let keyed = keyed_states(&factory);
+            let tee = if factory.info().schema_version == self.schema_version && self.instance.can_hand_over(&keyed) {
+                Tee::hand_over(self.new_paged_guest(&factory), self.schema_version)
+            } else {
+                Tee::new(self.new_instance(&factory), self.schema_version)
+            };
             self.snapshot_streaming(id, align_ms, Some(tee))?;
-            self.drain_upgrade(id)?;
+            if self.upgrade_ready.is_none() {
+                self.drain_upgrade(id)?;
+            }
         } else {
             self.prepare_in_memory(id, align_ms, &factory)?;
         }
@@ -123,12 +168,16 @@ impl OperatorTask {
         let Some(prepared) = self.upgrade_ready.take() else { return self.fault_at_barrier(id) };
         let commit = self.await_decision(id)?;
         let committed = match (commit, prepared) {
-            (true, Ok(new)) => {
+            (true, Ok(Prepared::Replace(new))) => {
                 self.instance = new;
                 self.schema_version = factory.info().schema_version;
                 if let Some(p) = self.checkpoints.as_mut() {
                     p.state_replaced();
                 }
+                true
+            }
+            (true, Ok(Prepared::HandOver(guest))) => {
+                drop(self.instance.hand_over(guest));
                 true
             }
             _ => false,
@@ -181,11 +230,7 @@ impl OperatorTask {
 
     /// Reports the prepared upgrade at `id` to the coordinator and keeps the new instance
     /// until the decision.
-    pub(super) fn upgrade_prepared(
-        &mut self,
-        id: CheckpointId,
-        (new, state_bytes): (Result<Box<dyn OperatorLogic>, String>, u64),
-    ) {
+    pub(super) fn upgrade_prepared(&mut self, id: CheckpointId, (new, state_bytes): (Result<Prepared, String>, u64)) {
         if let Some(p) = self.checkpoints.as_ref() {
             let result = new.as_ref().map(|_| ()).map_err(|e| e.clone());
             let _ = p.events.send(Event::UpgradePrepared { task: p.task, id, result, state_bytes });
@@ -196,16 +241,30 @@ impl OperatorTask {
     /// A new instance of `factory` for this subtask, on the running instance's state
     /// backend, opened. The running instance is not touched.
     fn new_instance(&mut self, factory: &OperatorFactory) -> Result<Box<dyn OperatorLogic>, String> {
+        let guest = self.new_guest(factory)?;
+        let mut new = self.instance.successor(guest, keyed_states(factory))?;
+        new.open(&self.config).map_err(|e| e.to_string())?;
+        Ok(new)
+    }
+
+    /// A new guest of `factory` for this subtask, opened with its keyed state paged (for a
+    /// hand-over of the running store).
+    fn new_paged_guest(&mut self, factory: &OperatorFactory) -> Result<Box<dyn OperatorLogic>, String> {
+        let mut guest = self.new_guest(factory)?;
+        guest.open(&self.config).map_err(|e| e.to_string())?;
+        guest.page_in(Vec::new()).map_err(|e| e.to_string())?;
+        Ok(guest)
+    }
+
+    /// A new guest of `factory` for this subtask (task, limits, watermark as the running
+    /// one's), not opened.
+    fn new_guest(&mut self, factory: &OperatorFactory) -> Result<Box<dyn OperatorLogic>, String> {
         let old = self.instance.host();
         let mut host =
             HostState::new(old.task.clone(), factory.info().side_outputs.len() as u32).with_limits(old.limits);
         host.echo_logs = old.echo_logs;
         host.watermark = old.watermark;
-        let new = factory.instantiate(host).map_err(|e| e.to_string())?;
-        let keyed = factory.info().states.iter().filter(|s| s.keyed).map(|s| s.name.clone()).collect();
-        let mut new = self.instance.successor(new, keyed)?;
-        new.open(&self.config).map_err(|e| e.to_string())?;
-        Ok(new)
+        factory.instantiate(host).map_err(|e| e.to_string())
     }
 
     /// Waits for the coordinator's decision on the upgrade at `id` (the operator's inputs
@@ -245,4 +304,9 @@ impl OperatorTask {
             }
         }
     }
+}
+
+/// `factory`'s keyed states, in declaration order (a disk store's order).
+fn keyed_states(factory: &OperatorFactory) -> Vec<String> {
+    factory.info().states.iter().filter(|s| s.keyed).map(|s| s.name.clone()).collect()
 }
