@@ -625,11 +625,11 @@ impl OperatorTask {
     /// Full, or incremental when the job asks for it and the chain allows
     /// (`checkpoint/incremental.rs`).
     fn snapshot_mode(&mut self, id: CheckpointId) -> bool {
-        // A `FullSnapshot` or an upgrade for this checkpoint may still be queued.
+        // A `FullSnapshot` for this checkpoint may still be queued (an upgrade's forces its
+        // own: `task/upgrade.rs`).
         self.read_control_ahead();
-        let upgrading = self.upgrade.as_ref().is_some_and(|(u, _)| *u == id);
         match self.checkpoints.as_mut() {
-            Some(p) => upgrading || p.snapshot_is_full(id),
+            Some(p) => p.snapshot_is_full(id),
             None => true,
         }
     }

@@ -23,7 +23,7 @@ use crate::ids::CheckpointId;
 use crate::operator::{OperatorFactory, OperatorLogic};
 use crate::runtime::control::{Control, Event, Timing};
 use crate::runtime::error::TaskFailure;
-use crate::sandbox::bindings::types::KeyGroupState;
+use crate::sandbox::bindings::types::{KeyGroupState, OperatorSnapshot};
 use crate::sandbox::host::HostState;
 
 /// What a prepared upgrade switches to.
@@ -64,41 +64,41 @@ impl Tee {
     /// Restores `part` (the first carries the non-keyed state and every timer) into the new
     /// instance; the first failure is kept and later parts are skipped.
     pub(super) fn put(&mut self, part: &SubtaskState) {
-        if self.hand_over {
-            let keyed = part.keyed.iter().map(|k| KeyGroupSnapshot { data: Vec::new(), ..k.clone() }).collect();
-            let carried = SubtaskState { keyed, operator_state: part.operator_state.clone(), ..Default::default() };
-            self.hand_over = false;
-            self.put(&carried);
-            self.hand_over = true;
-            return;
+        if !self.hand_over {
+            self.bytes += part.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>();
+            return self.call(|new, schema| put_state(new, schema, part), part.operator_state.len());
         }
-        self.bytes += part.keyed.iter().map(|k| k.data.len() as u64).sum::<u64>() + part.operator_state.len() as u64;
-        let Ok(new) = self.new.as_mut() else { return };
-        let result = put_state(new.as_mut(), self.schema, part);
-        // Records a guest emits while restoring are not part of the stream.
-        let _ = new.take_emitted();
-        if let Err(e) = result {
-            self.new = Err(e.to_string());
-        }
+        // The store stays where it is: of the part, the non-keyed state and the timers.
+        let keyed = part.keyed.iter().map(|k| KeyGroupSnapshot { data: Vec::new(), ..k.clone() }).collect();
+        let carried = SubtaskState { keyed, operator_state: part.operator_state.clone(), ..Default::default() };
+        self.call(|new, schema| put_state(new, schema, &carried), carried.operator_state.len());
     }
 
     /// Restores a later chunk: key-group data only (the timers came with the first part).
     pub(super) fn put_chunk(&mut self, chunk: &[KeyGroupState]) {
-        if self.hand_over {
+        let keyed: Vec<KeyGroupState> = chunk.iter().filter(|k| !k.data.is_empty()).cloned().collect();
+        if self.hand_over || keyed.is_empty() {
             return;
         }
-        let keyed: Vec<KeyGroupSnapshot> = chunk
-            .iter()
-            .filter(|k| !k.data.is_empty())
-            .map(|k| KeyGroupSnapshot {
-                key_group: k.key_group,
-                data: k.data.clone(),
-                event_timers: Default::default(),
-                processing_timers: Default::default(),
-            })
-            .collect();
-        if !keyed.is_empty() {
-            self.put(&SubtaskState { keyed, ..Default::default() });
+        let bytes = keyed.iter().map(|k| k.data.len()).sum();
+        let snap = OperatorSnapshot { keyed, operator_state: Vec::new() };
+        self.call(|new, schema| new.restore(schema, &snap), bytes);
+    }
+
+    /// One restore call into the new instance, counting `bytes`; the first failure is kept
+    /// and later calls are skipped.
+    fn call<E: std::fmt::Display>(
+        &mut self,
+        restore: impl FnOnce(&mut dyn OperatorLogic, u32) -> Result<(), E>,
+        bytes: usize,
+    ) {
+        self.bytes += bytes as u64;
+        let Ok(new) = self.new.as_mut() else { return };
+        let result = restore(new.as_mut(), self.schema);
+        // Records a guest emits while restoring are not part of the stream.
+        let _ = new.take_emitted();
+        if let Err(e) = result {
+            self.new = Err(e.to_string());
         }
     }
 
