@@ -272,6 +272,8 @@ bool exports_operator_setup(operator_list_tuple2_string_string_t *config, operat
     }
     operator_list_tuple2_string_string_free(config);
     weir_operator_context_task(&g_task);
+    /* A live upgrade's new instance opens mid-stream: the running watermark. */
+    g_watermark = weir_operator_context_current_watermark();
     g_groups = g_task.key_group_end - g_task.key_group_start;
     g_tables = calloc(WEIR_OPERATOR.states_len * g_groups + 1, sizeof(weir_table));
     weir_ctx ctx = { NULL, NULL };

@@ -92,8 +92,8 @@ int weir_emit_side(weir_ctx *ctx, const char *name, const uint8_t *key, size_t k
 void weir_register_event_timer(weir_ctx *ctx, int64_t time);
 /* Cancels it (unknown timers are ignored). */
 void weir_delete_event_timer(weir_ctx *ctx, int64_t time);
-/* The watermark of the last on-watermark call (INT64_MIN before the first); the host fires
- * the timers it makes due first. */
+/* The watermark of the last on-watermark call (INT64_MIN before the first; a live upgrade's
+ * new instance starts from the running one); the host fires the timers it makes due first. */
 int64_t weir_watermark(const weir_ctx *ctx);
 /* Fails the current call with `message` (the host restarts the job from its checkpoint). */
 void weir_fail(weir_ctx *ctx, const char *message);

@@ -22,7 +22,7 @@
 // as the Rust SDK's `Windows<A>`.
 
 import { emitBatch } from 'weir:operator/collector@0.3.2';
-import { task } from 'weir:operator/context@0.3.2';
+import { currentWatermark, task } from 'weir:operator/context@0.3.2';
 import * as timers from 'weir:operator/timers@0.3.2';
 
 // ---- bincode 1 codecs -------------------------------------------------------------------
@@ -216,7 +216,7 @@ export function operator(spec) {
     registerEventTimer(time) { const c = keyed(); timers.register('event-time', c.keyGroup, c.key, time); },
     /** Cancels it (unknown timers are ignored). */
     deleteEventTimer(time) { const c = keyed(); timers.delete('event-time', c.keyGroup, c.key, time); },
-    /** The watermark of the last on-watermark call (i64::MIN, as a Number, before the first). */
+    /** The last on-watermark's watermark (i64::MIN before the first; a live upgrade's new instance starts from the running one). */
     watermark() { return watermark; },
     [declared]: {
       codec(name) {
@@ -262,6 +262,8 @@ export function operator(spec) {
     },
     setup(config) {
       info = task();
+      // A live upgrade's new instance opens mid-stream: the running watermark.
+      watermark = currentWatermark();
       const n = info.keyGroupEnd - info.keyGroupStart;
       tables = states.map(() => Array.from({ length: n }, () => new Map()));
       if (spec.open) spec.open(ctx, Object.fromEntries(config));

@@ -36,7 +36,8 @@ pub(crate) struct Runtime {
     /// A snapshot being handed out in chunks.
     pub snapshot: Option<crate::driver::InProgress>,
     /// The watermark of the last `on-watermark` call (what windows decide lateness by; the
-    /// host fires due timers before that call, so it never runs ahead of them).
+    /// host fires due timers before that call, so it never runs ahead of them). It starts
+    /// from the host's at `open`: a live upgrade's new instance opens mid-stream.
     pub watermark: i64,
     /// The host's clock as read once in the current export call (`None` until asked).
     pub clock: Option<i64>,

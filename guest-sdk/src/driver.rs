@@ -77,6 +77,9 @@ pub fn open<Op: Operator>(slot: &Slot<Op>, config: Vec<(String, String)>) -> Res
     install_panic_hook();
     let config: BTreeMap<String, String> = config.into_iter().collect();
     let mut rt = Runtime::new(Op::INFO, host_context::task());
+    // A live upgrade's new instance opens mid-stream: it starts from the running watermark
+    // (i64 minimum at a job's start), or its first records would all look on time.
+    rt.watermark = host_context::current_watermark();
     let op = Op::open(&mut OpenContext { rt: &mut rt, config: &config }).map_err(|e| e.to_string())?;
     *slot.get() = Some(Instance { op, rt });
     Ok(())

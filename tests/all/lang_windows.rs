@@ -7,7 +7,8 @@
 //! Each language runs the Rust test's job (counts, lateness 5, late side output), sums at
 //! another parallelism, the counts again through a seeded failure and a restore from a
 //! checkpoint (so the windows' state and timers round-trip), and two definitions that must be
-//! refused before any record.
+//! refused before any record; opened mid-stream (a live upgrade), each starts from the running
+//! watermark.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,13 +16,14 @@ use std::sync::Arc;
 use weir::runtime::faults::{FaultKind, FaultPlan};
 
 use crate::support::{c_component, committed_lines, js_component, py_component, scratch};
-use crate::windows::{Spec, TUMBLING, check, input, job, write_input};
+use crate::windows::{Spec, TUMBLING, assert_opens_at_the_running_watermark, check, input, job, write_input};
 
 const C_WINDOWS: &str = "tests/guests/windows/windows-c/windows.c";
 const JS_WINDOWS: &str = "tests/guests/windows/windows-js/windows.js";
 const PY_WINDOWS: &str = "tests/guests/windows/windows-py/app.py";
 
 fn matches_the_rust_reference(component: &Path) {
+    assert_opens_at_the_running_watermark(component);
     // The job of `window_tumbling_counts_with_lateness_and_late_side_output_match_the_reference`.
     let (out, late) = check(component, &TUMBLING, 2, &input(3000, 1), None);
     let refired = out

@@ -13,7 +13,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use weir::graph::logical::Side;
+use weir::keygroup::key_group;
+use weir::record::Batch;
 use weir::runtime::faults::{FaultKind, FaultPlan};
+use weir::sandbox::bindings::types::TaskInfo;
+use weir::sandbox::engine::new_engine;
+use weir::sandbox::host::HostState;
+use weir::sandbox::instance::LoadedComponent;
 
 use crate::savepoints::{load_factory, start, wait_records};
 use crate::support::{committed_lines, component, scratch, toml_path};
@@ -414,4 +421,75 @@ fn window_definitions_that_cannot_work_are_refused_before_any_record() {
     let e =
         crate::connectors::run(d.path(), &job(&TUMBLING, &component("test_windows"), 1, "", false), None).unwrap_err();
     assert!(e.contains("line 2 of") && e.contains("input.txt") && e.contains("`noon`, not a timestamp"), "{e}");
+}
+
+/// A guest opened mid-stream (a live upgrade's new instance) starts from the host's running
+/// watermark, not from "no watermark yet": opened at 1 000 000, a record at 0 is late at once
+/// and goes to the late side output, with no window opened. Driven on the component itself, so
+/// it holds however the records of a running job fall around the upgrade; the windows of every
+/// SDK run it (`lang_windows.rs`).
+pub(crate) fn assert_opens_at_the_running_watermark(component: &Path) {
+    let c = LoadedComponent::load(&new_engine().unwrap(), "win", component).unwrap();
+    let task = TaskInfo {
+        job_name: "win".into(),
+        operator_uid: "win".into(),
+        subtask_index: 0,
+        parallelism: 1,
+        max_parallelism: 32,
+        key_group_start: 0,
+        key_group_end: 32,
+    };
+    let mut host = HostState::new(task, c.info.side_outputs.len() as u32);
+    host.echo_logs = false;
+    host.watermark = 1_000_000;
+    let mut i = c.instantiate(host).unwrap();
+    let config = [("kind", "tumbling"), ("size_ms", "10"), ("lateness_ms", "5"), ("aggregate", "count")];
+    i.open(&config.map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+    let mut batch = Batch::default();
+    batch.push(key_group(b"k", 32), 0, b"k", b"k,0,v");
+    i.process(Side::Left, &batch).unwrap();
+    let late = 1 + c.info.side_outputs.iter().position(|s| s == "late").unwrap() as u32;
+    let out: Vec<(u32, String)> =
+        i.take_emitted().iter().map(|r| (r.tag, String::from_utf8_lossy(r.value).into_owned())).collect();
+    assert_eq!(
+        out,
+        [(late, "k,0,v".to_string())],
+        "{}: a record behind the watermark it opened at",
+        component.display()
+    );
+    assert!(i.host().event_timers.is_empty(), "{}: no window opened", component.display());
+}
+
+#[test]
+fn window_a_guest_opened_mid_stream_starts_from_the_running_watermark() {
+    assert_opens_at_the_running_watermark(&component("test_windows"));
+}
+
+/// The same through a live upgrade of a running job, on both backends (the disk one hands its
+/// store over): after a first record far ahead the watermark jumps there and stays, so every
+/// later record is late, also each one the new guest takes before any further watermark.
+#[test]
+fn window_a_live_upgrade_keeps_late_records_late() {
+    let spec = Spec { batch: 1, ..TUMBLING };
+    let mut lines = vec![Line { key: "k0".into(), ts: 1_000_000, value: "first".into() }];
+    lines.extend((1..2000).map(|i| Line { key: format!("k{}", i % 7), ts: i % 1000, value: i.to_string() }));
+    let expected = reference(&spec, &lines);
+    assert_eq!(expected.0, ["k0 1000000 1000010 1"], "only the first record is on time");
+    for backend in ["memory", "disk"] {
+        let d = scratch();
+        write_input(d.path(), &lines);
+        // Two seconds of input: the upgrade lands well inside it.
+        let toml = job(&spec, &component("test_windows"), 2, "rate = 1000\n", true).replace(
+            "inputs = [{ from = \"in\", partition = \"hash\" }]",
+            &format!("state_backend = \"{backend}\"\ninputs = [{{ from = \"in\", partition = \"hash\" }}]"),
+        );
+        let mut r = start(d.path(), &toml, None, false);
+        wait_records(&r, "win", 100);
+        r.handle.upgrade("win", load_factory("test_windows"), Duration::from_secs(60)).unwrap();
+        let seen = r.handle.status().nodes.iter().find(|n| n.uid == "win").unwrap().records_in;
+        r.join().unwrap();
+        assert!(seen < lines.len() as u64, "{backend}: upgraded midway, {seen} of {} records in", lines.len());
+        assert_same(&committed_lines(&d.path().join("out")), &expected.0, &format!("{backend}: fired windows"));
+        assert_same(&committed_lines(&d.path().join("late")), &expected.1, &format!("{backend}: late records"));
+    }
 }

@@ -210,7 +210,8 @@ class Context:
         timers.delete(EVENT_TIME, r.key_group, r.key, time)
 
     def watermark(self):
-        """The watermark of the last on-watermark call (i64 minimum before the first)."""
+        """The watermark of the last on-watermark call (i64 minimum before the first; an instance
+        opened by a live upgrade starts from the running one)."""
         return _G.watermark
 
     def _keyed(self):
@@ -288,7 +289,8 @@ class Operator(wit_world.WitWorld):
             _G.index = {name: i for i, (name, _) in enumerate(self.STATES)}
             _G.tables = [[{} for _ in range(n)] for _ in self.STATES]
             _G.out = bytearray()
-            _G.watermark = -(2**63)
+            # A live upgrade's new instance opens mid-stream: the running watermark.
+            _G.watermark = context.current_watermark()
             _G.operator = self
             _G.ctx = Context(self)
             self.on_open(_G.ctx, dict(config))
