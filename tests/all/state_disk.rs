@@ -279,6 +279,32 @@ fn state_disk_live_upgrade_without_migration_hands_the_store_over() {
     assert_exact(d.path());
 }
 
+/// A live upgrade forces a full snapshot of the upgraded operator only: the disk operator
+/// beside it (whose full snapshot would scan its whole store) stays on its incremental chain
+/// in the upgrade's checkpoint, and the output is still exact.
+#[test]
+fn state_disk_a_live_upgrade_of_another_operator_keeps_the_stores_chain_incremental() {
+    let d = scratch();
+    let toml = oracle_job_with(1, "disk", 5_000, 16, "")
+        .replace("incremental = true\n", "incremental = true\nretained = 1000\n")
+        + &format!(
+            "[[operator]]\nid = \"count\"\ncomponent = {}\ninputs = [{{ from = \"oracle\", partition = \"hash\" }}]\n\
+             [[sink]]\nid = \"counts\"\ntype = \"blackhole\"\ninputs = [{{ from = \"count\" }}]\n",
+            toml_path(&component("wordcount_counter"))
+        );
+    let mut r = start(d.path(), &toml, None, false);
+    wait_records(&r, "oracle", COUNT / 3);
+    let info = r.handle.upgrade("count", load_factory("wordcount_counter"), Duration::from_secs(120)).unwrap();
+    r.join().unwrap();
+    assert_exact(d.path());
+    let store = storage::CheckpointStore::new(&d.path().join("chk"), "disk-sp");
+    let at = store.list().into_iter().find(|l| l.id == info.checkpoint_id).expect("the upgrade's checkpoint is kept");
+    let m = storage::load(&at.path).unwrap().manifest;
+    let oracle = &m.operator("oracle").unwrap().subtasks[0];
+    assert!(!oracle.chain.is_empty(), "checkpoint {}: the disk operator's snapshot was full", at.id);
+    assert!(m.operator("count").unwrap().subtasks.iter().all(|s| s.chain.is_empty()), "the upgraded one's is full");
+}
+
 /// A live upgrade of a disk operator that fails on one subtask (v2 traps while migrating
 /// there) rolls back on every subtask: the job goes on with v1 and its own stores, exactly
 /// once.
