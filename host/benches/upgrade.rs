@@ -10,12 +10,18 @@
 //! and on the disk backend (`state_backend = "disk"`, 1 MiB cache: the store moves chunk by
 //! chunk into the new instance's own store). Printed: state bytes, pause (max over subtasks),
 //! and the upgrade's end-to-end time as the caller saw it.
+//!
+//! Then the neighbour's cost: the same generator → oracle on the disk backend (incremental
+//! checkpoints every 500 ms) with a small counter (`wordcount-counter`, memory) behind it, and
+//! the *counter* upgraded live. Printed: the upgrade's checkpoint (its duration, and the bytes
+//! the oracle wrote into it, full or a delta on its chain) next to the checkpoint before it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use weir::checkpoint::storage::{self, CheckpointStore};
 use weir::job;
 use weir::operator::OperatorFactory;
 use weir::runtime::executor::{self, RunOptions};
@@ -39,12 +45,29 @@ fn build_guests() -> PathBuf {
             "test-oracle",
             "-p",
             "test-oracle-v2",
+            "-p",
+            "wordcount-counter",
         ])
         .current_dir(root())
         .status()
         .expect("cargo");
     assert!(st.success(), "building the oracle components failed");
     root().join("target/wasm32-unknown-unknown/guest")
+}
+
+/// Starts the job `toml` (as `dir/job.toml`) on a thread, with a handle on it.
+fn start(dir: &Path, toml: &str) -> (JobHandle, std::thread::JoinHandle<()>) {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, toml).unwrap();
+    let graph = job::parse(&path, toml).unwrap();
+    let (handle, endpoint) = JobHandle::new(&graph.name);
+    let t = std::thread::spawn(move || {
+        let engine = new_engine().unwrap();
+        let bound = job::bind::bind(&engine, graph).unwrap();
+        executor::run(&bound, &RunOptions { quiet_guests: true, endpoint: Some(endpoint), ..Default::default() })
+            .unwrap();
+    });
+    (handle, t)
 }
 
 /// Runs one job, upgrades once the state is complete; returns (state bytes, pause ms, call ms).
@@ -62,16 +85,7 @@ fn run(guests: &Path, keys: u64, to: &str, backend: &str) -> (u64, f64, f64) {
          [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"oracle\" }}]\n",
         guests.join("test_oracle.wasm").display().to_string()
     );
-    let path = dir.path().join("job.toml");
-    std::fs::write(&path, &toml).unwrap();
-    let graph = job::parse(&path, &toml).unwrap();
-    let (handle, endpoint) = JobHandle::new(&graph.name);
-    let t = std::thread::spawn(move || {
-        let engine = new_engine().unwrap();
-        let bound = job::bind::bind(&engine, graph).unwrap();
-        executor::run(&bound, &RunOptions { quiet_guests: true, endpoint: Some(endpoint), ..Default::default() })
-            .unwrap();
-    });
+    let (handle, t) = start(dir.path(), &toml);
     while handle.status().nodes.iter().find(|n| n.uid == "oracle").is_none_or(|n| n.records_in < keys + keys / 10) {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -82,6 +96,59 @@ fn run(guests: &Path, keys: u64, to: &str, backend: &str) -> (u64, f64, f64) {
     let call_ms = t0.elapsed().as_secs_f64() * 1e3;
     t.join().unwrap();
     (info.state_bytes, info.pause_ms_max, call_ms)
+}
+
+/// One checkpoint as its manifest records it: (duration ms, bytes the oracle wrote, whether
+/// the oracle's files build on a chain).
+fn checkpoint(store: &CheckpointStore, id: u64) -> (f64, u64, bool) {
+    let at = store.list().into_iter().find(|l| l.id == id).expect("checkpoint kept");
+    let m = storage::load(&at.path).unwrap().manifest;
+    let oracle = &m.operator("oracle").unwrap().subtasks;
+    (m.metrics.duration_ms, oracle.iter().map(|s| s.bytes).sum(), oracle.iter().all(|s| !s.chain.is_empty()))
+}
+
+/// Upgrades the small counter behind a disk oracle holding `keys` keys; prints the upgrade's
+/// checkpoint next to the one before it.
+fn neighbour(guests: &Path, keys: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let count = keys * 4;
+    let rate = count / 6;
+    let toml = format!(
+        "[job]\nname = \"upgrade-bench\"\nmax_parallelism = 128\n\
+         [checkpoint]\ninterval_ms = 500\ndir = \"chk\"\nincremental = true\nretained = 1000\n\
+         [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = {count}\nkeys = {keys}\nrate = {rate}\n\
+         [[operator]]\nid = \"oracle\"\ncomponent = {:?}\nparallelism = 2\nconfig = {{ keys = \"{keys}\" }}\n\
+         state_backend = \"disk\"\nstate_cache_mb = 4\ninputs = [{{ from = \"gen\", partition = \"hash\" }}]\n\
+         [[operator]]\nid = \"count\"\ncomponent = {:?}\ninputs = [{{ from = \"oracle\", partition = \"hash\" }}]\n\
+         [[sink]]\nid = \"out\"\ntype = \"blackhole\"\ninputs = [{{ from = \"count\" }}]\n",
+        guests.join("test_oracle.wasm").display().to_string(),
+        guests.join("wordcount_counter.wasm").display().to_string()
+    );
+    let (handle, t) = start(dir.path(), &toml);
+    // Every key has state and a checkpoint holds it all.
+    while handle.status().nodes.iter().find(|n| n.uid == "oracle").is_none_or(|n| n.records_in < keys * 2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let engine = new_engine().unwrap();
+    let new = LoadedComponent::load(&engine, "count", &guests.join("wordcount_counter.wasm")).unwrap();
+    let t0 = Instant::now();
+    let info = handle.upgrade("count", OperatorFactory::Wasm(Arc::new(new)), Duration::from_secs(120)).unwrap();
+    let call_ms = t0.elapsed().as_secs_f64() * 1e3;
+    t.join().unwrap();
+    let store = CheckpointStore::new(&dir.path().join("chk"), "upgrade-bench");
+    let id = info.checkpoint_id;
+    let (before_ms, before_bytes, before_delta) = checkpoint(&store, id - 1);
+    let (ms, bytes, delta) = checkpoint(&store, id);
+    let kind = |d: bool| if d { "delta" } else { "full" };
+    println!(
+        "{keys:>9} {:>12.1} {:>9.2} MB {:>6} {:>12.1} {:>9.2} MB {:>6} {call_ms:>12.1}",
+        before_ms,
+        before_bytes as f64 / 1e6,
+        kind(before_delta),
+        ms,
+        bytes as f64 / 1e6,
+        kind(delta)
+    );
 }
 
 fn main() {
@@ -107,5 +174,18 @@ fn main() {
                 );
             }
         }
+    }
+    println!();
+    println!("upgrading a small counter behind a disk oracle (p = 2): the checkpoint before, the upgrade's");
+    println!(
+        "{:>9} {:>12} {:>12} {:>6} {:>12} {:>12} {:>6} {:>12}",
+        "keys", "before ms", "oracle", "", "upgrade ms", "oracle", "", "call ms"
+    );
+    let neighbour_keys: Vec<u64> = std::env::var("WEIR_UPGRADE_NEIGHBOUR_KEYS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|k| k.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1_000_000]);
+    for keys in neighbour_keys {
+        neighbour(&guests, keys);
     }
 }
