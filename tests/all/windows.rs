@@ -472,20 +472,22 @@ fn window_a_guest_opened_mid_stream_starts_from_the_running_watermark() {
 fn window_a_live_upgrade_keeps_late_records_late() {
     let spec = Spec { batch: 1, ..TUMBLING };
     let mut lines = vec![Line { key: "k0".into(), ts: 1_000_000, value: "first".into() }];
-    lines.extend((1..2000).map(|i| Line { key: format!("k{}", i % 7), ts: i % 1000, value: i.to_string() }));
+    lines.extend((1..3000).map(|i| Line { key: format!("k{}", i % 7), ts: i % 1000, value: i.to_string() }));
     let expected = reference(&spec, &lines);
     assert_eq!(expected.0, ["k0 1000000 1000010 1"], "only the first record is on time");
     for backend in ["memory", "disk"] {
         let d = scratch();
         write_input(d.path(), &lines);
-        // Two seconds of input: the upgrade lands well inside it.
+        // Three seconds of input: the upgrade (its component compiled beforehand) lands well
+        // inside it.
         let toml = job(&spec, &component("test_windows"), 2, "rate = 1000\n", true).replace(
             "inputs = [{ from = \"in\", partition = \"hash\" }]",
             &format!("state_backend = \"{backend}\"\ninputs = [{{ from = \"in\", partition = \"hash\" }}]"),
         );
+        let factory = load_factory("test_windows");
         let mut r = start(d.path(), &toml, None, false);
         wait_records(&r, "win", 100);
-        r.handle.upgrade("win", load_factory("test_windows"), Duration::from_secs(60)).unwrap();
+        r.handle.upgrade("win", factory, Duration::from_secs(60)).unwrap();
         let seen = r.handle.status().nodes.iter().find(|n| n.uid == "win").unwrap().records_in;
         r.join().unwrap();
         assert!(seen < lines.len() as u64, "{backend}: upgraded midway, {seen} of {} records in", lines.len());
