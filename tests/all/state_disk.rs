@@ -267,7 +267,9 @@ fn state_disk_live_upgrade_migrates_the_store_chunk_by_chunk_exactly_once() {
 #[test]
 fn state_disk_live_upgrade_without_migration_hands_the_store_over() {
     let d = scratch();
-    let mut r = start(d.path(), &oracle_job_with(2, "disk", 5_000, 16, ""), None, false);
+    let toml = oracle_job_with(2, "disk", 5_000, 16, "")
+        .replace("incremental = true\n", "incremental = true\nretained = 1000\n");
+    let mut r = start(d.path(), &toml, None, false);
     wait_records(&r, "oracle", COUNT / 3);
     let info = r.handle.upgrade("oracle", load_factory("test_oracle"), Duration::from_secs(120)).unwrap();
     assert_eq!(info.migrated_from, None);
@@ -277,6 +279,11 @@ fn state_disk_live_upgrade_without_migration_hands_the_store_over() {
     // Each key is paged in at its first record, and once more after the hand-over.
     assert!(o.keys_paged_in > KEYS, "keys paged in: {}", o.keys_paged_in);
     assert_exact(d.path());
+    // Nothing was restored from the upgrade's checkpoint: the store's chain went on through it.
+    let store = storage::CheckpointStore::new(&d.path().join("chk"), "disk-sp");
+    let at = store.list().into_iter().find(|l| l.id == info.checkpoint_id).expect("the upgrade's checkpoint is kept");
+    let m = storage::load(&at.path).unwrap().manifest;
+    assert!(m.operator("oracle").unwrap().subtasks.iter().all(|s| !s.chain.is_empty()), "checkpoint {}: full", at.id);
 }
 
 /// A live upgrade forces a full snapshot of the upgraded operator only: the disk operator

@@ -13,8 +13,10 @@
 //!   checkpoint: its store then holds exactly that chain's state, and the chain goes on
 //!   ([`IncrementalPolicy::resume`]), as a full scan of a store far larger than memory could
 //!   outlast the checkpoint timeout;
-//! - forced checkpoints (savepoints, live upgrades) are full, so a savepoint never depends
-//!   on another directory;
+//! - forced snapshots are full: every operator's in a savepoint, so a savepoint never
+//!   depends on another directory, and in a live upgrade's checkpoint the upgraded
+//!   operator's when its new instances restore from it (not on a disk hand-over, whose
+//!   store stays; the other operators' chains go on too);
 //! - a chain is compacted once it has `max_links` files or its deltas add up to more than
 //!   the full snapshot they patch, so restore reads at most about twice the state: by a full
 //!   next snapshot, or (disk operators, whose full snapshot scans their whole store) by

@@ -64,8 +64,8 @@ pub enum Control {
         /// The new component.
         factory: OperatorFactory,
     },
-    /// Checkpoint `id` must be a full snapshot (savepoints, live upgrades): no delta, no
-    /// chain. Sent before its `Trigger`.
+    /// Checkpoint `id` must be a full snapshot (a savepoint): no delta, no chain. Sent
+    /// before its `Trigger`.
     FullSnapshot(CheckpointId),
     /// Every subtask of the operator prepared the upgrade at `id` (`commit`) or at least one
     /// failed (roll back to the old instance).

@@ -324,9 +324,9 @@ pub fn run(
                     }
                     if let Some(u) = upgrade.as_mut().filter(|u| u.id.is_none()) {
                         u.id = Some(id);
-                        // Only the upgraded operator's snapshot must be full (it is what the new
-                        // instances restore from); every other operator's chain goes on.
-                        send_to(&u.tasks, Control::FullSnapshot(id));
+                        // No operator's snapshot is forced full here: the upgraded one's subtasks
+                        // force theirs at the barrier when the new instances restore from it
+                        // (`task/upgrade.rs`); every other operator's chain goes on.
                         send_to(&u.tasks, Control::PrepareUpgrade { id, factory: u.factory.clone() });
                     }
                     trigger_unix.insert(id, unix_ms());

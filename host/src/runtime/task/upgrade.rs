@@ -1,5 +1,6 @@
 //! A live upgrade at one operator subtask: at the barrier of the upgrade's checkpoint the
-//! running instance's state is snapshotted (that checkpoint is full) and restored, through
+//! running instance's state is snapshotted (in full: this operator's part of that checkpoint
+//! is what the new instance restores from) and restored, through
 //! the new component's `restore` (which migrates it), into a new instance; the subtask
 //! reports, waits for the coordinator's decision (`checkpoint/upgrade.rs`) with its inputs
 //! unread, and switches only on `commit`.
@@ -11,8 +12,8 @@
 //! each chunk of the snapshot goes to the checkpoint writer and into the new instance, so
 //! neither side ever holds the whole state in memory — unless nothing needs migrating (same
 //! schema, same keyed states): then the new guest takes the running store over as it is
-//! (its non-keyed state and timers restored), and the pause does not depend on the store's
-//! size.
+//! (its non-keyed state and timers restored), and neither the pause nor the checkpoint (a
+//! delta on the store's chain) depends on the store's size.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -145,14 +146,19 @@ impl OperatorTask {
         factory: OperatorFactory,
     ) -> Result<(), TaskFailure> {
         let t0 = Instant::now();
-        if let Some(p) = self.checkpoints.as_mut() {
+        let disk = self.instance.keyed_state_on_disk();
+        let hand_over = disk
+            && factory.info().schema_version == self.schema_version
+            && self.instance.can_hand_over(&keyed_states(&factory));
+        // The new instances restore from this snapshot: it is full. A hand-over restores no
+        // keyed state (the store stays), so its chain goes on and the snapshot may be a delta.
+        if let Some(p) = self.checkpoints.as_mut().filter(|_| !hand_over) {
             p.force_full(id);
         }
-        if self.instance.keyed_state_on_disk() {
+        if disk {
             // The previous checkpoint's chunks must not go into the new instance.
             self.drain_all()?;
-            let keyed = keyed_states(&factory);
-            let tee = if factory.info().schema_version == self.schema_version && self.instance.can_hand_over(&keyed) {
+            let tee = if hand_over {
                 Tee::hand_over(self.new_paged_guest(&factory), self.schema_version)
             } else {
                 Tee::new(self.new_instance(&factory), self.schema_version)
