@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weir::checkpoint::storage::{self, CheckpointStore};
+use weir::ids::CheckpointId;
 use weir::job;
 use weir::operator::OperatorFactory;
 use weir::runtime::executor::{self, RunOptions};
@@ -101,8 +102,7 @@ fn run(guests: &Path, keys: u64, to: &str, backend: &str) -> (u64, f64, f64) {
 /// One checkpoint as its manifest records it: (duration ms, bytes the oracle wrote, whether
 /// the oracle's files build on a chain).
 fn checkpoint(store: &CheckpointStore, id: u64) -> (f64, u64, bool) {
-    let at = store.list().into_iter().find(|l| l.id == id).expect("checkpoint kept");
-    let m = storage::load(&at.path).unwrap().manifest;
+    let m = storage::load(&store.chk_dir(CheckpointId(id))).unwrap().manifest;
     let oracle = &m.operator("oracle").unwrap().subtasks;
     (m.metrics.duration_ms, oracle.iter().map(|s| s.bytes).sum(), oracle.iter().all(|s| !s.chain.is_empty()))
 }

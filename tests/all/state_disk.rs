@@ -6,7 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use weir::checkpoint::metadata::Manifest;
 use weir::checkpoint::storage;
+use weir::ids::CheckpointId;
 use weir::job;
 use weir::runtime::executor::{self, RestoreFrom, RunOptions, RunSummary};
 use weir::sandbox::engine::new_engine;
@@ -185,6 +187,12 @@ fn oracle_job_with(p: u32, backend: &str, rate: u64, pad: u32, extra: &str) -> S
     )
 }
 
+/// The manifest of checkpoint `id` of the oracle job run in `dir` (kept: `retained`).
+fn manifest_of(dir: &Path, id: u64) -> Manifest {
+    let store = storage::CheckpointStore::new(&dir.join("chk"), "disk-sp");
+    storage::load(&store.chk_dir(CheckpointId(id))).unwrap_or_else(|e| panic!("checkpoint {id} is kept: {e}")).manifest
+}
+
 fn oracle(s: &RunSummary) -> &executor::NodeSummary {
     s.nodes.iter().find(|n| n.id.to_string() == "oracle").expect("an oracle node")
 }
@@ -280,10 +288,12 @@ fn state_disk_live_upgrade_without_migration_hands_the_store_over() {
     assert!(o.keys_paged_in > KEYS, "keys paged in: {}", o.keys_paged_in);
     assert_exact(d.path());
     // Nothing was restored from the upgrade's checkpoint: the store's chain went on through it.
-    let store = storage::CheckpointStore::new(&d.path().join("chk"), "disk-sp");
-    let at = store.list().into_iter().find(|l| l.id == info.checkpoint_id).expect("the upgrade's checkpoint is kept");
-    let m = storage::load(&at.path).unwrap().manifest;
-    assert!(m.operator("oracle").unwrap().subtasks.iter().all(|s| !s.chain.is_empty()), "checkpoint {}: full", at.id);
+    let m = manifest_of(d.path(), info.checkpoint_id);
+    assert!(
+        m.operator("oracle").unwrap().subtasks.iter().all(|s| !s.chain.is_empty()),
+        "checkpoint {}: full",
+        m.checkpoint_id
+    );
 }
 
 /// A live upgrade forces a full snapshot of the upgraded operator only: the disk operator
@@ -304,11 +314,9 @@ fn state_disk_a_live_upgrade_of_another_operator_keeps_the_stores_chain_incremen
     let info = r.handle.upgrade("count", load_factory("wordcount_counter"), Duration::from_secs(120)).unwrap();
     r.join().unwrap();
     assert_exact(d.path());
-    let store = storage::CheckpointStore::new(&d.path().join("chk"), "disk-sp");
-    let at = store.list().into_iter().find(|l| l.id == info.checkpoint_id).expect("the upgrade's checkpoint is kept");
-    let m = storage::load(&at.path).unwrap().manifest;
+    let m = manifest_of(d.path(), info.checkpoint_id);
     let oracle = &m.operator("oracle").unwrap().subtasks[0];
-    assert!(!oracle.chain.is_empty(), "checkpoint {}: the disk operator's snapshot was full", at.id);
+    assert!(!oracle.chain.is_empty(), "checkpoint {}: the disk operator's snapshot was full", m.checkpoint_id);
     assert!(m.operator("count").unwrap().subtasks.iter().all(|s| s.chain.is_empty()), "the upgraded one's is full");
 }
 
