@@ -312,14 +312,32 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
     assert!(log.contains(&format!("restoring job `{name}` from checkpoint")), "{log}");
     // Each worker downloaded the checkpoint from the bucket itself (nothing of the
     // coordinator's disk is theirs to read).
+    // And only its own part of it: at unchanged parallelism the workers' parts add up to
+    // the checkpoint, each subtask's state loaded once in the cluster.
+    let mut parts = Vec::new();
     for w in ["w1b", "w2b"] {
         let theirs = std::fs::read_to_string(dir.path().join(format!("{w}.log"))).unwrap();
         assert!(theirs.contains(&format!("restores from {taken}")), "{w}:\n{theirs}");
+        parts.push(loaded_part(&theirs, &taken).unwrap_or_else(|| panic!("{w} says what it loaded:\n{theirs}")));
     }
+    let total = parts[0].1;
+    assert!(parts.iter().all(|&(k, n)| n == total && k > 0 && k < n), "each worker loads part of it: {parts:?}");
+    assert_eq!(parts.iter().map(|p| p.0).sum::<u32>(), total, "every subtask's state loaded once: {parts:?}");
     let got = committed_lines(&dir.path().join("out"));
     assert_eq!(got.len(), expected.len(), "line count after the restart");
     assert!(got == expected, "committed output differs from the failure-free output");
     drop(procs);
+}
+
+/// What a worker's log says it loaded of checkpoint `url` (`s3://…/chk-<id>`) when its first
+/// attempt restored it: (subtask states loaded, of how many).
+fn loaded_part(log: &str, url: &str) -> Option<(u32, u32)> {
+    let id = url.rsplit("chk-").next()?;
+    let line = log.lines().find(|l| l.contains(" subtask states ") && l.ends_with(&format!("of checkpoint {id}")))?;
+    let mut words = line.split(" loaded ").nth(1)?.split(' ');
+    let k = words.next()?.parse().ok()?;
+    let n = words.nth(1)?.parse().ok()?;
+    Some((k, n))
 }
 
 /// etcd stops answering mid-job (SIGSTOP): the leader cannot renew its lease and stops at

@@ -21,9 +21,10 @@ use std::path::PathBuf;
 use crate::checkpoint::metadata::Manifest;
 use crate::checkpoint::remote::{Remote, RemoteError};
 use crate::checkpoint::storage::{
-    CheckpointError, CheckpointStore, LoadedCheckpoint, MANIFEST, check_names, load, read_manifest, store_component,
-    to_drop, write_atomic,
+    CheckpointError, CheckpointStore, LoadedCheckpoint, MANIFEST, check_names, load_part, read_manifest,
+    store_component, to_drop, write_atomic,
 };
+use crate::checkpoint::subset::{Scope, everything};
 use crate::ids::CheckpointId;
 
 /// How many checkpoint ids behind the one just uploaded a worker's empty local checkpoint
@@ -112,11 +113,12 @@ impl CheckpointStore {
     /// The newest checkpoint in the object store that downloads and verifies completely.
     pub(crate) fn fetch_latest(
         &self,
+        scope: Scope<'_>,
         mut skipped: impl FnMut(&CheckpointError),
     ) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
         let Some(r) = &self.remote else { return Ok(None) };
         for id in self.remote_ids()?.into_iter().rev() {
-            match self.fetch(r, id) {
+            match self.fetch(r, id, scope) {
                 Ok(c) => return Ok(Some(c)),
                 // The store stopped answering: an older checkpoint is no answer.
                 Err(e) if e.is_incomplete() => skipped(&e),
@@ -126,22 +128,24 @@ impl CheckpointStore {
         Ok(None)
     }
 
-    /// [`download`](Self::download)s checkpoint `id` and loads it.
-    pub(crate) fn fetch(&self, r: &Remote, id: u64) -> Result<LoadedCheckpoint, CheckpointError> {
-        let dir = self.download(r, id)?;
-        let mut loaded = load(&dir)?;
+    /// [`download`](Self::download)s the part `scope` names of checkpoint `id` and loads it.
+    pub(crate) fn fetch(&self, r: &Remote, id: u64, scope: Scope<'_>) -> Result<LoadedCheckpoint, CheckpointError> {
+        let dir = self.download(r, id, scope)?;
+        let mut loaded = load_part(&dir, scope)?;
         loaded.url = Some(self.remote_path(r, id).display().to_string());
         Ok(loaded)
     }
 
-    /// Downloads what checkpoint `id` needs into the local directory (what is already there
-    /// at the declared size is kept) and writes its manifest last; its directory.
-    fn download(&self, r: &Remote, id: u64) -> Result<PathBuf, CheckpointError> {
+    /// Downloads what checkpoint `id` needs for the states `scope` names (their files and
+    /// chains, every stored component) into the local directory (what is already there at
+    /// the declared size is kept) and writes its manifest last; its directory.
+    fn download(&self, r: &Remote, id: u64, scope: Scope<'_>) -> Result<PathBuf, CheckpointError> {
         let dir = self.chk_dir(CheckpointId(id));
         let manifest = self
             .remote_manifest(r, id)?
             .ok_or_else(|| CheckpointError::Incomplete { path: self.remote_path(r, id) })?;
         check_names(&manifest, &self.remote_path(r, id))?;
+        let subset = scope(&manifest);
         // What is already here (at the declared size, when declared) is kept.
         let get = |rel: String, local: PathBuf, declared: Option<u64>| -> Result<(), CheckpointError> {
             match std::fs::metadata(&local) {
@@ -150,7 +154,7 @@ impl CheckpointStore {
             }
         };
         for op in &manifest.operators {
-            for s in &op.subtasks {
+            for s in op.subtasks.iter().filter(|s| subset.contains(&op.uid, s.index)) {
                 get(format!("chk-{id}/{}", s.file), dir.join(&s.file), Some(s.bytes))?;
                 for l in &s.chain {
                     let local = self.chk_dir(CheckpointId(l.checkpoint)).join(&l.file);
@@ -173,7 +177,7 @@ impl CheckpointStore {
     /// export copies files).
     pub fn local_copy(&self, id: CheckpointId) -> Result<PathBuf, CheckpointError> {
         match &self.remote {
-            Some(r) => self.download(r, id.0),
+            Some(r) => self.download(r, id.0, &everything),
             None => Ok(self.chk_dir(id)),
         }
     }
@@ -220,17 +224,18 @@ impl CheckpointStore {
     }
 }
 
-/// Loads checkpoint `url` (`s3://bucket/prefix/<job>/chk-<id>`) from object storage: downloads
-/// it, its chains and its components under `local` (`<local>/chk-<id>/...`), then verifies it.
-pub fn fetch_url(url: &str, local: &std::path::Path) -> Result<LoadedCheckpoint, CheckpointError> {
+/// Loads checkpoint `url` (`s3://bucket/prefix/<job>/chk-<id>`, or a savepoint's directory)
+/// from object storage: downloads the part `scope` names, its chains and its components under
+/// `local` (`<local>/chk-<id>/...`), then verifies it.
+pub fn fetch_url(url: &str, local: &std::path::Path, scope: Scope<'_>) -> Result<LoadedCheckpoint, CheckpointError> {
     let bad = |why: &str| CheckpointError::from(RemoteError::Url { url: url.to_string(), why: why.to_string() });
     let trimmed = url.trim_end_matches('/');
     let (parent, last) = trimmed.rsplit_once('/').ok_or_else(|| bad("no checkpoint directory in it"))?;
     let Some(id) = last.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok()) else {
         // Anything but `chk-<id>` is a savepoint's place.
-        return crate::checkpoint::remote_savepoint::fetch(trimmed, &local.join("savepoint"));
+        return crate::checkpoint::remote_savepoint::fetch(trimmed, &local.join("savepoint"), scope);
     };
     let remote = Remote::open(parent)?;
     let store = CheckpointStore::at(local);
-    store.fetch(&remote, id)
+    store.fetch(&remote, id, scope)
 }

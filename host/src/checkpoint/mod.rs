@@ -19,6 +19,7 @@ pub mod remote;
 pub mod remote_savepoint;
 pub mod snapshot;
 pub mod storage;
+pub mod subset;
 pub mod timer_list;
 pub mod unaligned;
 pub mod upgrade;

@@ -675,6 +675,43 @@ mod tests {
         assert!(p[1][0].as_ref().unwrap().resume.is_none(), "a state dropped");
     }
 
+    proptest! {
+        /// What a cluster's worker loads of a checkpoint (`checkpoint/subset.rs`) gives each
+        /// of its subtasks the same restore as the whole checkpoint, and at unchanged
+        /// parallelism it is only its own subtasks' states.
+        #[test]
+        fn a_subtask_restores_the_same_from_its_workers_subset_as_from_the_whole_checkpoint(
+            old_p in 1u32..5, new_p in 1u32..5, mask in 0u32..16, n in 0u8..12,
+            groups in proptest::collection::btree_set(0u32..32, 0..32)) {
+            let groups: Vec<u32> = groups.into_iter().collect();
+            let lists: Vec<Vec<u8>> = (0..old_p).map(|i| (0..n).filter(|e| *e as u32 % old_p == i).collect()).collect();
+            let with_state = || {
+                let mut c = checkpoint(old_p, 32, &groups);
+                for (i, l) in lists.iter().enumerate() {
+                    let st = NamedState { name: "l".into(), entries: l.iter().map(|e| (vec![], vec![*e])).collect() };
+                    c.states.get_mut(&("op".to_string(), i as u32)).unwrap().operator_state = layout::encode(&[st]);
+                }
+                c
+            };
+            let g = graph(new_p, 32);
+            let split = |_: usize, _: &str| Redistribution::Split;
+            let whole = plan(&with_state(), &g, &split, &none(), false).unwrap();
+            let here = |ni: usize, s: u32| ni == 1 && mask & (1 << s) != 0;
+            let subset = crate::checkpoint::subset::Subset::of(&with_state().manifest, &g, &here);
+            let mut part = with_state();
+            part.states.retain(|(uid, s), _| subset.contains(uid, *s));
+            let partial = plan(&part, &g, &split, &none(), false).unwrap();
+            for s in (0..new_p).filter(|&s| here(1, s)) {
+                prop_assert_eq!(&partial[1][s as usize], &whole[1][s as usize]);
+            }
+            if old_p == new_p {
+                for i in 0..old_p {
+                    prop_assert_eq!(subset.contains("op", i), here(1, i));
+                }
+            }
+        }
+    }
+
     #[test]
     fn refusals_name_what_to_do() {
         let e = plan(&checkpoint(2, 32, &[1]), &graph(2, 64), &keep, &none(), false).unwrap_err();

@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use crate::checkpoint::metadata::{Manifest, SnapshotKind};
 use crate::checkpoint::remote::{Remote, RemoteError};
 use crate::checkpoint::storage::{
-    CheckpointError, LoadedCheckpoint, MANIFEST, check_names, export_savepoint, load, write_atomic,
+    CheckpointError, LoadedCheckpoint, MANIFEST, check_names, export_savepoint, load_part, write_atomic,
 };
+use crate::checkpoint::subset::Scope;
 
 /// Largest manifest accepted from the object store.
 const MAX_MANIFEST_BYTES: u64 = 64 << 20;
@@ -62,8 +63,9 @@ fn upload_dir(remote: &Remote, dir: &Path, prefix: &str) -> std::io::Result<()> 
     Ok(())
 }
 
-/// Downloads the savepoint at `url` into `local` (emptied first) and loads it.
-pub fn fetch(url: &str, local: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+/// Downloads the part `scope` names of the savepoint at `url` into `local` (emptied first)
+/// and loads it.
+pub fn fetch(url: &str, local: &Path, scope: Scope<'_>) -> Result<LoadedCheckpoint, CheckpointError> {
     let remote = Remote::open(url)?;
     let at = PathBuf::from(url);
     let bytes = remote.read(MANIFEST, MAX_MANIFEST_BYTES)?.ok_or_else(|| {
@@ -90,8 +92,9 @@ pub fn fetch(url: &str, local: &Path) -> Result<LoadedCheckpoint, CheckpointErro
     let _ = std::fs::remove_dir_all(local);
     let io = |path: PathBuf| move |source| CheckpointError::Io { path, source };
     std::fs::create_dir_all(local.join("components")).map_err(io(local.to_path_buf()))?;
+    let subset = scope(&manifest);
     for op in &manifest.operators {
-        for s in &op.subtasks {
+        for s in op.subtasks.iter().filter(|s| subset.contains(&op.uid, s.index)) {
             remote.download(&s.file, &local.join(&s.file), s.bytes)?;
         }
         if let Some(stored) = op.component.as_ref().and_then(|c| c.stored.as_ref()) {
@@ -104,7 +107,7 @@ pub fn fetch(url: &str, local: &Path) -> Result<LoadedCheckpoint, CheckpointErro
     }
     let path = local.join(MANIFEST);
     write_atomic(&path, &bytes).map_err(io(path.clone()))?;
-    let mut loaded = load(local)?;
+    let mut loaded = load_part(local, scope)?;
     loaded.url = Some(url.to_string());
     Ok(loaded)
 }

@@ -21,6 +21,7 @@ use crate::checkpoint::keyed_files::{ChainError, ChainIndex, StreamedKeyed};
 use crate::checkpoint::metadata::{CheckpointMetrics, Manifest, ManifestError, SubtaskEntry};
 use crate::checkpoint::remote::{Remote, RemoteError};
 use crate::checkpoint::snapshot::{HeaderError, StateFileError, SubtaskState};
+use crate::checkpoint::subset::{Scope, everything};
 use crate::ids::CheckpointId;
 
 /// Name of the manifest file.
@@ -366,13 +367,23 @@ impl CheckpointStore {
     /// process's local directory may be empty or stale) and download what the checkpoint needs.
     pub fn find_latest(
         &self,
+        skipped: impl FnMut(&CheckpointError),
+    ) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
+        self.find_latest_part(&everything, skipped)
+    }
+
+    /// [`find_latest`](Self::find_latest) loading (and downloading) only the states `scope`
+    /// names.
+    pub fn find_latest_part(
+        &self,
+        scope: Scope<'_>,
         mut skipped: impl FnMut(&CheckpointError),
     ) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
         if self.remote.is_some() {
-            return self.fetch_latest(skipped);
+            return self.fetch_latest(scope, skipped);
         }
         for l in self.list().into_iter().rev() {
-            match load(&l.path) {
+            match load_part(&l.path, scope) {
                 Ok(c) => return Ok(Some(c)),
                 Err(e) if e.is_incomplete() => skipped(&e),
                 Err(e) => return Err(e),
@@ -388,11 +399,16 @@ impl CheckpointStore {
     /// an error, as in [`CheckpointStore::find_latest`]. Mirrored stores take it from the
     /// object store (downloading what is not here: on a cluster, workers wrote the files).
     pub fn latest_of(&self, ids: &[u64]) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
+        self.latest_of_part(ids, &everything)
+    }
+
+    /// [`latest_of`](Self::latest_of) loading (and downloading) only the states `scope` names.
+    pub fn latest_of_part(&self, ids: &[u64], scope: Scope<'_>) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
         if ids.is_empty() {
             return Ok(None);
         }
         let here = self.list().into_iter().rev().find(|l| ids.contains(&l.id));
-        let Some(r) = &self.remote else { return here.map(|l| load(&l.path)).transpose() };
+        let Some(r) = &self.remote else { return here.map(|l| load_part(&l.path, scope)).transpose() };
         let id = match here {
             Some(l) => l.id,
             None => match self.remote_ids()?.into_iter().rev().find(|id| ids.contains(id)) {
@@ -403,9 +419,9 @@ impl CheckpointStore {
         // All here (one process; an object store that stopped answering does not matter
         // then), else downloaded (a cluster's workers wrote the files). Either way its URL
         // goes along: a local manifest always has its remote one.
-        let mut c = match load(&self.chk_dir(CheckpointId(id))) {
+        let mut c = match load_part(&self.chk_dir(CheckpointId(id)), scope) {
             Ok(c) => c,
-            Err(_) => self.fetch(r, id)?,
+            Err(_) => self.fetch(r, id, scope)?,
         };
         c.url = Some(self.remote_path(r, id).display().to_string());
         Ok(Some(c))
@@ -577,12 +593,19 @@ pub(crate) fn check_names(manifest: &Manifest, dir: &Path) -> Result<(), Checkpo
 /// restores (`checkpoint/keyed_files.rs`), so a state larger than memory loads within memory.
 /// Files of an older format (`WEIRST01`) are decoded whole, as before.
 pub fn load(dir: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+    load_part(dir, &everything)
+}
+
+/// [`load`] of the subtasks' states `scope` names (`checkpoint/subset.rs`); the files of
+/// the others are neither read nor required to be there.
+pub fn load_part(dir: &Path, scope: Scope<'_>) -> Result<LoadedCheckpoint, CheckpointError> {
     let manifest = read_manifest(dir)?;
     check_names(&manifest, dir)?;
+    let subset = scope(&manifest);
     let mut states = std::collections::BTreeMap::new();
     let root = dir.parent().unwrap_or(Path::new("."));
     for op in &manifest.operators {
-        for s in &op.subtasks {
+        for s in op.subtasks.iter().filter(|s| subset.contains(&op.uid, s.index)) {
             let mut files: Vec<PathBuf> =
                 s.chain.iter().map(|l| root.join(format!("chk-{}", l.checkpoint)).join(&l.file)).collect();
             files.push(dir.join(&s.file));
@@ -665,6 +688,24 @@ fn load_whole(dir: &Path, root: &Path, uid: &str, s: &SubtaskEntry) -> Result<Su
 }
 
 impl LoadedCheckpoint {
+    /// How much of the checkpoint was loaded here (`checkpoint/subset.rs`): subtask states
+    /// loaded of all, and the bytes of their files in this checkpoint (their chains' earlier
+    /// files aside) of all, as `"2 of 6 subtask states (1.2 of 3.5 MB)"`.
+    pub fn share(&self) -> String {
+        let (mut n, mut total, mut bytes, mut all) = (0usize, 0usize, 0u64, 0u64);
+        for op in &self.manifest.operators {
+            for s in &op.subtasks {
+                let here = self.states.contains_key(&(op.uid.clone(), s.index));
+                (total, all) = (total + 1, all + s.bytes);
+                if here {
+                    (n, bytes) = (n + 1, bytes + s.bytes);
+                }
+            }
+        }
+        let mb = |b: u64| b as f64 / 1e6;
+        format!("{n} of {total} subtask states ({:.1} of {:.1} MB)", mb(bytes), mb(all))
+    }
+
     /// Reads every subtask's streamed keyed state into memory (tools that look at all of it,
     /// and tests). A restore does not: it reads group by group.
     pub fn materialize(mut self) -> Result<LoadedCheckpoint, CheckpointError> {
@@ -919,6 +960,44 @@ pub(crate) mod tests {
             .collect();
         m.format_version = crate::checkpoint::metadata::format_version_for(&m.operators);
         store.publish(&m).unwrap();
+    }
+
+    /// A cluster's member loads its part of a checkpoint: the files of other subtasks are
+    /// neither read nor needed, and a missing file of its own part is still an error naming it.
+    #[test]
+    fn a_partial_load_reads_only_the_subtasks_named_and_needs_only_their_files() {
+        use crate::checkpoint::subset::Subset;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), "j");
+        let mut m = manifest(1, "op-0.state", 0, 0);
+        let entry = m.operators[0].subtasks[0].clone();
+        m.operators[0].parallelism = 2;
+        m.operators[0].subtasks = (0..2)
+            .map(|i| {
+                let file = format!("op-{i}.state");
+                let mut st = keyed(&[(b"k", Some(b"v"))], false);
+                st.keyed[0].key_group = i * 4 + 1;
+                let (bytes, crc32) = store.write_state(CheckpointId(1), &file, &st).unwrap();
+                SubtaskEntry { index: i, file, bytes, crc32, key_groups: (i * 4, i * 4 + 4), ..entry.clone() }
+            })
+            .collect();
+        store.publish(&m).unwrap();
+        let dir = store.chk_dir(CheckpointId(1));
+        fs::remove_file(dir.join("op-0.state")).unwrap();
+        let e = load(&dir).unwrap_err().to_string();
+        assert!(e.contains("op-0.state"), "{e}");
+        let second = |_: &Manifest| Subset::Only([("op".to_string(), 1)].into());
+        let c = load_part(&dir, &second).unwrap();
+        assert_eq!(c.states.keys().cloned().collect::<Vec<_>>(), vec![("op".to_string(), 1)]);
+        assert_eq!(c.share(), format!("1 of 2 subtask states (0.0 of 0.0 MB)"));
+        let c = c.materialize().unwrap();
+        assert_eq!(c.states[&("op".to_string(), 1)].keyed[0].key_group, 5);
+        let first = |_: &Manifest| Subset::Only([("op".to_string(), 0)].into());
+        let e = load_part(&dir, &first).unwrap_err().to_string();
+        assert!(e.contains("op-0.state"), "{e}");
+        let none = |_: &Manifest| Subset::Only(Default::default());
+        let c = store.find_latest_part(&none, |e| panic!("{e}")).unwrap().unwrap();
+        assert!(c.states.is_empty() && c.manifest.checkpoint_id == 1);
     }
 
     #[test]

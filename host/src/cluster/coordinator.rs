@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
+use crate::checkpoint::subset::Subset;
 use crate::cluster::pipe::{self, Incoming, PipeTx};
 use crate::cluster::protocol::{
     AttemptNo, Deploy, NodeProgress, ToCoordinator, ToWorker, WireControl, WireFailure, attempt_base,
@@ -147,8 +148,11 @@ impl Cluster {
 
     /// Runs `job` on the cluster's workers until it finishes, restarting after failures as
     /// its restart strategy allows.
+    /// The coordinator loads only the sinks' part of a checkpoint (`checkpoint/subset.rs`):
+    /// each worker downloads what its own subtasks restore from.
     pub fn run(&mut self, job: &BoundJob, source: &JobSource, opts: &RunOptions) -> Result<RunSummary, RunError> {
-        run_deployed(job, opts, &mut |a| self.run_attempt(a, source))
+        let sinks = |m: &crate::checkpoint::metadata::Manifest| Subset::sinks(m, &job.graph);
+        run_deployed(job, opts, &sinks, &mut |a| self.run_attempt(a, source))
     }
 
     /// Waits up to `timeout` for news from the workers; handles registrations and heartbeats

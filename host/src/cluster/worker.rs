@@ -11,7 +11,7 @@
 //! messages only); components are run only if their bytes match the digest they were
 //! shipped under.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use wasmtime::Engine;
 
+use crate::checkpoint::metadata::Manifest;
 use crate::checkpoint::mirror;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
+use crate::checkpoint::subset::Subset;
 use crate::cluster::discovery::{Coordinators, Discovery, Waiting};
 use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
@@ -531,6 +533,16 @@ impl Worker {
         let store = CheckpointStore::of(&job.graph)
             .map_err(|e| refuse(e.to_string(), true))?
             .map(CheckpointStore::without_local_copies);
+        // Only what this worker's own subtasks restore from is loaded (and downloaded).
+        let plan = PhysicalPlan::of(&job.graph);
+        let here: BTreeSet<(usize, u32)> = plan
+            .subtasks
+            .iter()
+            .zip(&d.worker_of)
+            .filter(|(_, w)| **w == d.you)
+            .map(|(s, _)| (s.node, s.subtask))
+            .collect();
+        let scope = |m: &Manifest| Subset::of(m, &job.graph, &|ni, s| here.contains(&(ni, s)));
         let mut restored_dir = None;
         let restore = match d.restore.as_deref().map(|p| (p, p.to_str().filter(|u| u.starts_with("s3://")))) {
             // From the object store, into this worker's own staging directory.
@@ -540,11 +552,18 @@ impl Worker {
                 let name = format!("restored-{}", d.attempt);
                 let local = store.as_ref().map_or_else(|| self.cfg.dir.join(&name), |s| s.root().join(&name));
                 restored_dir = Some(Staging(local.clone()));
-                Some(mirror::fetch_url(url, &local).map_err(|e| refuse(format!("cannot restore {url}: {e}"), false))?)
+                let fetched = mirror::fetch_url(url, &local, &scope);
+                Some(fetched.map_err(|e| refuse(format!("cannot restore {url}: {e}"), false))?)
             }
-            Some((p, None)) => Some(storage::load(p).map_err(|e| refuse(format!("cannot restore: {e}"), false))?),
+            Some((p, None)) => {
+                Some(storage::load_part(p, &scope).map_err(|e| refuse(format!("cannot restore: {e}"), false))?)
+            }
             None => None,
         };
+        if let Some(c) = &restore {
+            let (name, id, share) = (&self.cfg.name, c.manifest.checkpoint_id, c.share());
+            tracing::info!("worker `{name}`: attempt {} loaded {share} of checkpoint {id}", d.attempt);
+        }
         let live: Live = Arc::default();
         let dropped = resolve_components(&job, restore.as_ref(), d.allow_non_restored_state, &live);
         let dropped = dropped.map_err(|e| refuse(e, true))?;
@@ -563,7 +582,6 @@ impl Worker {
         });
         let a = owned.attempt();
         let g = &a.job.graph;
-        let plan = PhysicalPlan::of(g);
         if d.worker_of.len() != plan.subtasks.len() {
             return Err(refuse(
                 format!("the placement names {} subtasks, the job has {}", d.worker_of.len(), plan.subtasks.len()),

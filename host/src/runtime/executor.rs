@@ -18,6 +18,7 @@ use crate::checkpoint::metadata::ComponentEntry;
 use crate::checkpoint::mirror;
 use crate::checkpoint::recovery;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
+use crate::checkpoint::subset::{Scope, everything};
 use crate::declared::Redistribution;
 use crate::graph::logical::NodeKind;
 use crate::ids::NodeId;
@@ -219,7 +220,7 @@ pub(crate) fn resolve_components(
 /// Runs `job` until its sources are exhausted and every subtask finished, restarting after
 /// failures as its restart strategy allows.
 pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
-    run_deployed(job, opts, &mut run_attempt)
+    run_deployed(job, opts, &everything, &mut run_attempt)
 }
 
 /// Runs one attempt wherever its subtasks are deployed: in this process
@@ -227,8 +228,15 @@ pub fn run(job: &BoundJob, opts: &RunOptions) -> Result<RunSummary, RunError> {
 pub(crate) type Deploy<'d> = dyn FnMut(&Attempt<'_>) -> Result<AttemptEnd, RunError> + 'd;
 
 /// [`run`] with each attempt deployed by `deploy`: the restart loop, restore and checkpoint
-/// storage stay here whatever runs the subtasks.
-pub(crate) fn run_deployed(job: &BoundJob, opts: &RunOptions, deploy: &mut Deploy<'_>) -> Result<RunSummary, RunError> {
+/// storage stay here whatever runs the subtasks. Restores load the states `scope` names
+/// (everything in one process; a cluster's coordinator only its sinks', its workers load
+/// their own).
+pub(crate) fn run_deployed(
+    job: &BoundJob,
+    opts: &RunOptions,
+    scope: Scope<'_>,
+    deploy: &mut Deploy<'_>,
+) -> Result<RunSummary, RunError> {
     let g = &job.graph;
     let started = Instant::now();
     let fail = |e: RunError| {
@@ -239,7 +247,7 @@ pub(crate) fn run_deployed(job: &BoundJob, opts: &RunOptions, deploy: &mut Deplo
     };
     let store =
         CheckpointStore::of(g).map_err(|e| fail(RunError::Setup { job: g.name.clone(), message: e.to_string() }))?;
-    let restore = load_restore(job, opts, store.as_ref()).map_err(fail)?;
+    let restore = load_restore(job, opts, store.as_ref(), scope).map_err(fail)?;
     let restored_from = restore.as_ref().map(|c| c.manifest.checkpoint_id);
     let live: Live = Arc::default();
     let set_state = |state: JobState| {
@@ -247,7 +255,7 @@ pub(crate) fn run_deployed(job: &BoundJob, opts: &RunOptions, deploy: &mut Deplo
             e.status.lock().unwrap().state = state;
         }
     };
-    let result = run_attempts(job, opts, store.as_ref(), restore, &live, started, restored_from, deploy);
+    let result = run_attempts(job, opts, (store.as_ref(), scope), restore, &live, started, restored_from, deploy);
     match &result {
         Ok(s) => match &s.stopped_with {
             Some(sp) => set_state(JobState::Stopped { savepoint: sp.path.clone() }),
@@ -265,7 +273,7 @@ pub(crate) fn run_deployed(job: &BoundJob, opts: &RunOptions, deploy: &mut Deplo
 pub fn preflight(job: &BoundJob, opts: &RunOptions) -> Result<(), RunError> {
     let g = &job.graph;
     let store = CheckpointStore::of(g).map_err(|e| RunError::Setup { job: g.name.clone(), message: e.to_string() })?;
-    let Some(chk) = load_restore(job, opts, store.as_ref())? else { return Ok(()) };
+    let Some(chk) = load_restore(job, opts, store.as_ref(), &everything)? else { return Ok(()) };
     let live: Live = Arc::default();
     let dropped = resolve_components(job, Some(&chk), opts.allow_non_restored_state, &live)
         .map_err(|e| RunError::Incompatible { job: g.name.clone(), message: e })?;
@@ -296,14 +304,14 @@ fn cannot_restore(e: &storage::CheckpointError) -> String {
 /// waited for (retrying every few seconds, warning each time): an older checkpoint is no
 /// answer, it would repeat what the newer one committed. Any other error ends the job.
 fn newest_completed(
-    s: &CheckpointStore,
+    (s, scope): (&CheckpointStore, Scope<'_>),
     ids: &[u64],
     job: &str,
     cancel: Option<&AtomicBool>,
 ) -> Result<Option<LoadedCheckpoint>, RunError> {
     const RETRY: Duration = Duration::from_secs(2);
     loop {
-        match s.latest_of(ids) {
+        match s.latest_of_part(ids, scope) {
             Ok(newest) => return Ok(newest),
             Err(e @ storage::CheckpointError::Remote(_)) => {
                 tracing::warn!(job, "job `{job}` waits to restart: {e}; retrying in {} s", RETRY.as_secs());
@@ -320,11 +328,13 @@ fn newest_completed(
     }
 }
 
-/// The checkpoint or savepoint `opts` says to restore, loaded and verified.
+/// The checkpoint or savepoint `opts` says to restore, loaded and verified (the states
+/// `scope` names).
 fn load_restore(
     job: &BoundJob,
     opts: &RunOptions,
     store: Option<&CheckpointStore>,
+    scope: Scope<'_>,
 ) -> Result<Option<LoadedCheckpoint>, RunError> {
     let g = &job.graph;
     let setup = |message: String| RunError::Setup { job: g.name.clone(), message };
@@ -337,7 +347,7 @@ fn load_restore(
                     "--restore latest needs checkpointing: add [checkpoint] interval_ms and dir to the job file".into(),
                 )
             })?;
-            let found = s.find_latest(warn).map_err(|e| setup(cannot_restore(&e)))?;
+            let found = s.find_latest_part(scope, warn).map_err(|e| setup(cannot_restore(&e)))?;
             Some(found.ok_or_else(|| {
                 let place = s.remote().map_or(s.root().display().to_string(), |r| r.url().to_string());
                 setup(format!("no complete checkpoint in {place} to restore; run without --restore to start fresh"))
@@ -351,9 +361,11 @@ fn load_restore(
                 None => std::env::temp_dir().join(format!("weir-restore-{}", std::process::id())),
             };
             let url = p.to_str().unwrap_or_default();
-            Some(mirror::fetch_url(url, &local).map_err(|e| setup(format!("cannot restore {url}: {e}")))?)
+            Some(mirror::fetch_url(url, &local, scope).map_err(|e| setup(format!("cannot restore {url}: {e}")))?)
         }
-        Some(RestoreFrom::Path(p)) => Some(storage::load(p).map_err(|e| setup(format!("cannot restore: {e}")))?),
+        Some(RestoreFrom::Path(p)) => {
+            Some(storage::load_part(p, scope).map_err(|e| setup(format!("cannot restore: {e}")))?)
+        }
     })
 }
 
@@ -361,7 +373,7 @@ fn load_restore(
 fn run_attempts(
     job: &BoundJob,
     opts: &RunOptions,
-    store: Option<&CheckpointStore>,
+    (store, scope): (Option<&CheckpointStore>, Scope<'_>),
     mut restore: Option<LoadedCheckpoint>,
     live: &Live,
     started: Instant,
@@ -385,10 +397,11 @@ fn run_attempts(
             tracing::info!(
                 job = %g.name,
                 checkpoint = c.manifest.checkpoint_id,
-                "restoring job `{}` from {what} {} ({})",
+                "restoring job `{}` from {what} {} ({}; {} loaded here)",
                 g.name,
                 c.manifest.checkpoint_id,
-                c.path.display()
+                c.path.display(),
+                c.share()
             );
         }
         // Refused before any task starts: components that cannot take over their state.
@@ -463,7 +476,9 @@ fn run_attempts(
                 restore = match store {
                     // The newest checkpoint this run completed, else where this run started
                     // (never a newer checkpoint another run or a deposed leader left behind).
-                    Some(s) => newest_completed(s, &completed.ids(), &g.name, user_cancel.as_deref())?.or(restore),
+                    Some(s) => {
+                        newest_completed((s, scope), &completed.ids(), &g.name, user_cancel.as_deref())?.or(restore)
+                    }
                     None => None,
                 };
                 let from = restore
