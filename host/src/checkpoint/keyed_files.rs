@@ -268,22 +268,16 @@ impl ChainReader<'_> {
         // A group absent from a file had no state there: only the files after the last such
         // gap fold into it.
         let from = files.iter().rposition(|f| f.frame(g).is_none()).map_or(0, |i| i + 1);
-        let mut data = Vec::new();
-        let mut last = None;
+        let mut layers = Vec::with_capacity(files.len() - from);
         for i in from..files.len() {
-            let mut kg = self.read(i, g)?;
-            data = if layout::is_delta(&kg.data) {
-                layout::apply_delta(&data, &kg.data).map_err(|source| ChainError::Fold {
-                    path: newest.path.clone(),
-                    key_group: g,
-                    source,
-                })?
-            } else {
-                std::mem::take(&mut kg.data)
-            };
-            last = Some(kg);
+            layers.push(self.read(i, g)?);
         }
-        let Some(last) = last else { return Ok(None) };
+        let data = layout::fold(layers.iter().map(|kg| &kg.data[..])).map_err(|source| ChainError::Fold {
+            path: newest.path.clone(),
+            key_group: g,
+            source,
+        })?;
+        let Some(last) = layers.pop() else { return Ok(None) };
         if data.is_empty() && last.event_timers.is_empty() && last.processing_timers.is_empty() {
             return Ok(None);
         }

@@ -197,11 +197,34 @@ pub fn encode_delta(states: &[DeltaState]) -> Vec<u8> {
 /// Entries keep their order; new keys go to the end of their state; a state left with no
 /// entries is dropped.
 pub fn apply_delta(base: &[u8], next: &[u8]) -> Result<Vec<u8>, LayoutError> {
-    if !is_delta(next) {
-        return Ok(next.to_vec());
+    fold([base, next])
+}
+
+/// Folds a key group's blobs, oldest first, into one full blob: what applying them one by
+/// one with [`apply_delta`] gives, with the base decoded and the result encoded once (a
+/// chain of many deltas costs one pass over the base per delta, not a decode and an encode).
+pub fn fold<'a>(layers: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<u8>, LayoutError> {
+    let layers: Vec<&[u8]> = layers.into_iter().collect();
+    // A full blob replaces everything below it.
+    let from = layers.iter().rposition(|l| !is_delta(l));
+    let (base, deltas) = match from {
+        Some(i) => (layers[i], &layers[i + 1..]),
+        None => (&[][..], &layers[..]),
+    };
+    if deltas.is_empty() {
+        return Ok(base.to_vec());
     }
     let mut states = decode(base)?;
-    for (name, changes) in decode_delta(next)? {
+    for d in deltas {
+        patch(&mut states, decode_delta(d)?);
+    }
+    Ok(encode(&states))
+}
+
+/// Applies one delta's changes to `states` in place (see [`apply_delta`]). A key changed
+/// twice in the delta takes its last change.
+fn patch(states: &mut Vec<NamedState>, delta: Vec<DeltaState>) {
+    for (name, changes) in delta {
         let i = match states.iter().position(|s| s.name == name) {
             Some(i) => i,
             None => {
@@ -209,30 +232,29 @@ pub fn apply_delta(base: &[u8], next: &[u8]) -> Result<Vec<u8>, LayoutError> {
                 states.len() - 1
             }
         };
-        let entries = &mut states[i].entries;
-        let mut index: std::collections::HashMap<Vec<u8>, usize> =
-            entries.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
-        let mut removed = vec![false; entries.len()];
-        for (k, v) in changes {
-            match (index.get(&k).copied(), v) {
-                (Some(i), Some(v)) => {
-                    entries[i].1 = v;
-                    removed[i] = false;
+        let last: std::collections::HashMap<&[u8], usize> =
+            changes.iter().enumerate().map(|(j, (k, _))| (k.as_slice(), j)).collect();
+        let mut found = vec![false; changes.len()];
+        states[i].entries.retain_mut(|(k, v)| match last.get(k.as_slice()) {
+            None => true,
+            Some(&j) => {
+                found[j] = true;
+                match &changes[j].1 {
+                    Some(new) => {
+                        v.clone_from(new);
+                        true
+                    }
+                    None => false,
                 }
-                (Some(i), None) => removed[i] = true,
-                (None, Some(v)) => {
-                    index.insert(k.clone(), entries.len());
-                    entries.push((k, v));
-                    removed.push(false);
-                }
-                (None, None) => {}
+            }
+        });
+        for (j, (k, v)) in changes.iter().enumerate() {
+            if let Some(v) = v.as_ref().filter(|_| !found[j] && last[k.as_slice()] == j) {
+                states[i].entries.push((k.clone(), v.clone()));
             }
         }
-        let mut r = removed.into_iter();
-        entries.retain(|_| !r.next().unwrap());
     }
     states.retain(|s| !s.entries.is_empty());
-    Ok(encode(&states))
 }
 
 /// Encodes states; no states encode as an empty blob.
@@ -377,6 +399,28 @@ mod tests {
             prop_assert!(decode(&d).is_err());
             let _ = apply_delta(&encode(&a), &garbage);
             let _ = max_value_len(&garbage);
+        }
+    }
+
+    proptest! {
+        /// A chain (a full blob, then the deltas between successive states, maybe a full blob
+        /// amid them) folds in one pass to the newest state, as applying it link by link does.
+        #[test]
+        fn a_chain_folds_in_one_pass_to_its_newest_state(
+            tables in proptest::collection::vec(table(), 1..6), full_at in any::<proptest::sample::Index>()) {
+            let full_at = full_at.index(tables.len());
+            let mut layers = vec![encode(&tables[0])];
+            for i in 1..tables.len() {
+                layers.push(if i == full_at { encode(&tables[i]) } else { encode_delta(&delta_between(&tables[i - 1], &tables[i])) });
+            }
+            let folded = fold(layers.iter().map(|l| &l[..])).unwrap();
+            prop_assert_eq!(sorted(decode(&folded).unwrap()), sorted(tables.last().unwrap().clone()));
+            let stepwise = layers[1..].iter().try_fold(layers[0].clone(), |acc, l| apply_delta(&acc, l)).unwrap();
+            prop_assert_eq!(sorted(decode(&stepwise).unwrap()), sorted(decode(&folded).unwrap()));
+            // Deltas alone fold onto no state.
+            let only: Vec<&[u8]> = layers[1..].iter().map(|l| &l[..]).collect();
+            let from_nothing = fold(only.iter().copied()).unwrap();
+            prop_assert!(decode(&from_nothing).is_ok());
         }
     }
 

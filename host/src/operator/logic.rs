@@ -53,13 +53,15 @@ pub trait OperatorLogic: Send {
     /// The instance that replaces this one in a live upgrade: `inner` (a new component's
     /// instance, not yet opened) with the same state backend. On the disk backend that is a
     /// new store of its own (`keyed_states` in the new component's order), so a rolled-back
-    /// upgrade leaves this one's store as it was; in memory it is `inner` itself.
+    /// upgrade leaves this one's store as it was; in memory it is `inner` itself. `schema_version`
+    /// is the new component's.
     fn successor(
         &self,
         inner: Box<dyn OperatorLogic>,
         keyed_states: Vec<String>,
+        schema_version: u32,
     ) -> Result<Box<dyn OperatorLogic>, String> {
-        let _ = keyed_states;
+        let _ = (keyed_states, schema_version);
         Ok(inner)
     }
     /// The disk backend, for a live upgrade that migrates nothing: whether the store holds

@@ -19,9 +19,11 @@
 //!   (what the memory backend's SDKs write too); the changes up to the barrier are forgotten
 //!   once every group of a delta went out, or at the barrier of a full one; later epochs'
 //!   stay. A delta abandoned half-way forgets nothing (the next snapshot covers its epochs);
-//! - a restore goes through the guest in chunks of key groups (so it migrates state as on
-//!   the memory backend) and each chunk is paged out into the store at once: the cache never
-//!   holds more than a chunk.
+//! - a restore of state written at the component's own schema version goes into the store
+//!   as it is, the guest getting only the non-keyed state; one written at another version
+//!   goes through the guest in chunks of key groups (so it migrates state as on the memory
+//!   backend) and each chunk is paged out into the store at once: the cache never holds more
+//!   than a chunk.
 
 use std::ops::Range;
 use std::path::Path;
@@ -78,6 +80,9 @@ pub struct Setup {
     pub track: bool,
     /// The tenant's disk budget (`weir serve`): what goes into the store is charged to it.
     pub budget: Option<Arc<crate::disk_budget::DiskBudget>>,
+    /// The state schema version the component declares: state restored at another one goes
+    /// through the guest, which migrates it.
+    pub schema_version: u32,
 }
 
 /// An operator instance on the disk backend.
@@ -98,6 +103,7 @@ pub struct Paged {
     track: bool,
     epoch: u64,
     budget: Option<Arc<crate::disk_budget::DiskBudget>>,
+    schema_version: u32,
 }
 
 impl Paged {
@@ -108,7 +114,7 @@ impl Paged {
         setup: Setup,
         counters: Arc<PagingCounters>,
     ) -> Result<Paged, StoreError> {
-        let Setup { states, groups, cache_bytes, track, budget } = setup;
+        let Setup { states, groups, cache_bytes, track, budget, schema_version } = setup;
         let count = states.len();
         let store = StateStore::open(dir, states, (cache_bytes as u64 / 2).max(8 << 20))?;
         Ok(Paged {
@@ -124,6 +130,7 @@ impl Paged {
             track,
             epoch: 1,
             budget,
+            schema_version,
         })
     }
 
@@ -198,13 +205,7 @@ impl Paged {
                 )));
             }
             let epoch = self.track.then_some(self.epoch);
-            if let Some(b) = &self.budget {
-                // Incremental checkpoints write every change twice: to the state and to its
-                // epoch's record of changes (`operator/store.rs`).
-                let copies = if self.track { 2 } else { 1 };
-                let bytes = copies * pages.iter().map(|p| p.data.len() as u64).sum::<u64>();
-                b.charge(bytes).map_err(|message| GuestError::Failed { call: "page-out", message })?;
-            }
+            self.charge(&pages, epoch.is_some(), "page-out")?;
             let (entries, bytes) = self.store.apply(&pages, epoch).map_err(store_failed("page-out"))?;
             self.resident.observe(entries, bytes);
             self.counters.entries_written.fetch_add(entries as u64, Ordering::Relaxed);
@@ -215,6 +216,45 @@ impl Paged {
         if all {
             self.resident.clear();
         }
+        Ok(())
+    }
+
+    /// Charges what `pages` put into the store (`recorded`: and into a change epoch) to the
+    /// tenant's disk budget.
+    fn charge(&self, pages: &[KeyGroupState], recorded: bool, call: &'static str) -> Result<(), GuestError> {
+        let Some(b) = &self.budget else { return Ok(()) };
+        // Incremental checkpoints write every change twice: to the state and to its epoch's
+        // record of changes (`operator/store.rs`).
+        let copies = if recorded { 2 } else { 1 };
+        let bytes = copies * pages.iter().map(|p| p.data.len() as u64).sum::<u64>();
+        b.charge(bytes).map_err(|message| GuestError::Failed { call, message })
+    }
+
+    /// Restored key groups written at the component's own schema version: the checkpoint's
+    /// blobs are in the store's layout, so they go into the store as they are, without the
+    /// guest (which would decode each one into its cache only to page it out again). The
+    /// guest gets the non-keyed state alone. Nothing is recorded as a change: the first
+    /// snapshot after a restore is full, or a delta on the very chain restored
+    /// ([`OperatorLogic::restored_as_base`]). A malformed blob fails the restore naming its
+    /// key group, as the guest would.
+    fn restore_unmigrated(&mut self, state: &OperatorSnapshot) -> Result<(), GuestError> {
+        if let Some(g) = state.keyed.iter().find(|g| !self.groups.contains(&g.key_group)) {
+            return Err(GuestError::Failed {
+                call: "restore",
+                message: format!(
+                    "restored key group {}, which this subtask does not own ([{}, {}))",
+                    g.key_group, self.groups.start, self.groups.end
+                ),
+            });
+        }
+        if !state.operator_state.is_empty() {
+            let rest = OperatorSnapshot { keyed: Vec::new(), operator_state: state.operator_state.clone() };
+            self.inner.restore(self.schema_version, &rest)?;
+        }
+        self.charge(&state.keyed, false, "restore")?;
+        let (entries, bytes) = self.store.load(&state.keyed).map_err(store_failed("restore"))?;
+        self.resident.observe(entries, bytes);
+        self.counters.entries_written.fetch_add(entries as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -334,6 +374,9 @@ impl OperatorLogic for Paged {
         if state.keyed.is_empty() {
             return self.inner.restore(schema_version, state);
         }
+        if schema_version == self.schema_version {
+            return self.restore_unmigrated(state);
+        }
         let mut operator_state = state.operator_state.clone();
         let mut at = 0;
         while at < state.keyed.len() {
@@ -406,6 +449,7 @@ impl OperatorLogic for Paged {
         &self,
         inner: Box<dyn OperatorLogic>,
         keyed_states: Vec<String>,
+        schema_version: u32,
     ) -> Result<Box<dyn OperatorLogic>, String> {
         let root = self.store.dir().parent().unwrap_or(Path::new("."));
         let setup = Setup {
@@ -414,6 +458,7 @@ impl OperatorLogic for Paged {
             cache_bytes: self.cache_bytes,
             track: self.track,
             budget: self.budget.clone(),
+            schema_version,
         };
         let next = Paged::new(inner, &fresh_store_dir(root), setup, self.counters.clone())
             .map_err(|e| format!("{e} (give the disk backend a writable directory with space: WEIR_STATE_DIR)"))?;
@@ -476,5 +521,118 @@ fn sweep_dead(root: &Path, host: &str) {
         {
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::layout::{NamedState, encode};
+    use crate::sandbox::bindings::types::TaskInfo;
+
+    /// The `restore` calls a [`Recording`] got: key groups, operator-state bytes.
+    type Restores = Arc<std::sync::Mutex<Vec<(Vec<u32>, usize)>>>;
+
+    /// A guest that records its `restore` calls and holds nothing (its page-outs are empty).
+    struct Recording {
+        host: HostState,
+        restores: Restores,
+    }
+
+    impl OperatorLogic for Recording {
+        fn host(&mut self) -> &mut HostState {
+            &mut self.host
+        }
+        fn open(&mut self, _: &[(String, String)]) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn process(&mut self, _: Side, _: &Batch) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn on_timer(&mut self, _: TimeDomain, _: &Batch) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn on_watermark(&mut self, _: i64) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn snapshot(&mut self, _: u64, _: SnapshotMode) -> Result<OperatorSnapshot, GuestError> {
+            Ok(OperatorSnapshot { keyed: Vec::new(), operator_state: Vec::new() })
+        }
+        fn restore(&mut self, _: u32, state: &OperatorSnapshot) -> Result<(), GuestError> {
+            let groups = state.keyed.iter().map(|k| k.key_group).collect();
+            self.restores.lock().unwrap().push((groups, state.operator_state.len()));
+            Ok(())
+        }
+        fn close(&mut self) -> Result<(), GuestError> {
+            Ok(())
+        }
+        fn take_emitted(&mut self) -> Batch {
+            Batch::default()
+        }
+        fn page_out(&mut self, _: Vec<u8>, _: bool) -> Result<Vec<KeyGroupState>, GuestError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn paged(dir: &Path, track: bool) -> (Paged, Restores) {
+        let task = TaskInfo {
+            job_name: "j".into(),
+            operator_uid: "op".into(),
+            subtask_index: 0,
+            parallelism: 1,
+            max_parallelism: 8,
+            key_group_start: 0,
+            key_group_end: 4,
+        };
+        let restores = Arc::default();
+        let inner = Recording { host: HostState::new(task, 0), restores: Arc::clone(&restores) };
+        let setup = Setup {
+            states: vec!["s".into()],
+            groups: 0..4,
+            cache_bytes: 1 << 20,
+            track,
+            budget: None,
+            schema_version: 3,
+        };
+        (Paged::new(Box::new(inner), dir, setup, Arc::default()).unwrap(), restores)
+    }
+
+    fn group(g: u32, entries: &[(&[u8], &[u8])]) -> KeyGroupState {
+        let entries = entries.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+        KeyGroupState { key_group: g, data: encode(&[NamedState { name: "s".into(), entries }]) }
+    }
+
+    /// State restored at the component's own schema version goes into the store as it is:
+    /// the guest sees only the non-keyed state, the keys read back from the store, and no
+    /// restored key counts as a change of the next incremental snapshot. At another version
+    /// the guest gets the key groups (it migrates them).
+    #[test]
+    fn an_unmigrated_restore_writes_the_store_without_the_guest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut p, restores) = paged(&tmp.path().join("a"), true);
+        let keyed = vec![group(1, &[(b"a", b"1"), (b"b", b"2")]), group(3, &[(b"c", b"3")])];
+        p.restore(3, &OperatorSnapshot { keyed: keyed.clone(), operator_state: vec![9; 5] }).unwrap();
+        assert_eq!(*restores.lock().unwrap(), vec![(vec![], 5)], "the guest got the non-keyed state alone");
+        let (pages, found) = p.store.read(&[(1, b"a"), (1, b"b"), (3, b"c"), (3, b"zz")]).unwrap();
+        assert_eq!(found, 3);
+        let as_read: Vec<(u32, Vec<u8>)> = pages.into_iter().map(|p| (p.key_group, p.data)).collect();
+        assert_eq!(as_read, keyed.iter().map(|k| (k.key_group, k.data.clone())).collect::<Vec<_>>());
+        assert_eq!(p.counters.entries_written.load(Ordering::Relaxed), 3);
+        // A delta right after it holds nothing restored.
+        let view = p.store.read_view();
+        let delta = p.store.group_delta(&view, 1, p.epoch).unwrap();
+        let changes = crate::checkpoint::layout::decode_delta(&delta).unwrap();
+        assert!(changes.iter().all(|(_, c)| c.is_empty()), "{changes:?}");
+
+        let (mut p, restores) = paged(&tmp.path().join("b"), false);
+        p.restore(2, &OperatorSnapshot { keyed: keyed.clone(), operator_state: Vec::new() }).unwrap();
+        assert_eq!(*restores.lock().unwrap(), vec![(vec![1, 3], 0)], "migrated by the guest");
+
+        let (mut p, _) = paged(&tmp.path().join("c"), false);
+        let e = p.restore(3, &OperatorSnapshot { keyed: vec![group(6, &[])], operator_state: Vec::new() }).unwrap_err();
+        assert!(e.to_string().contains("key group 6"), "{e}");
+        let bad = KeyGroupState { key_group: 2, data: vec![1, 2, 3] };
+        let e = p.restore(3, &OperatorSnapshot { keyed: vec![bad], operator_state: Vec::new() }).unwrap_err();
+        assert!(e.to_string().contains("key group 2"), "{e}");
     }
 }

@@ -146,13 +146,32 @@ impl StateStore {
     /// Writes pages (delta blobs: upserts and removals) in one atomic batch, with `epoch`
     /// recording each key as changed in that epoch; returns the entries and bytes written.
     pub fn apply(&mut self, pages: &[KeyGroupState], epoch: Option<u64>) -> Result<(usize, usize), StoreError> {
+        self.write(pages, epoch, layout::decode_delta)
+    }
+
+    /// Writes restored key groups (full blobs, as a checkpoint holds them) in one atomic
+    /// batch, recording no change; returns the entries and bytes written.
+    pub fn load(&mut self, groups: &[KeyGroupState]) -> Result<(usize, usize), StoreError> {
+        self.write(groups, None, |blob| {
+            let full = layout::decode(blob)?;
+            Ok(full.into_iter().map(|n| (n.name, n.entries.into_iter().map(|(k, v)| (k, Some(v))).collect())).collect())
+        })
+    }
+
+    /// Writes pages, each decoded by `decode`, in one atomic batch (see [`apply`](Self::apply)).
+    fn write(
+        &mut self,
+        pages: &[KeyGroupState],
+        epoch: Option<u64>,
+        decode: impl Fn(&[u8]) -> Result<Vec<DeltaState>, layout::LayoutError>,
+    ) -> Result<(usize, usize), StoreError> {
         let mut batch = self.keyspace.batch();
         // Recorded once the batch is in: a malformed page records nothing.
         let mut changed = Vec::new();
         let (mut entries, mut bytes) = (0, 0);
         for p in pages {
             let bad = |what: String| StoreError::Page { key_group: p.key_group, what };
-            let delta = layout::decode_delta(&p.data).map_err(|e| bad(e.to_string()))?;
+            let delta = decode(&p.data).map_err(|e| bad(e.to_string()))?;
             for (name, changes) in delta {
                 let ordinal = self.ordinal(&name).ok_or_else(|| bad(format!("undeclared keyed state `{name}`")))?;
                 for (key, value) in changes {

@@ -283,6 +283,7 @@ fn paged(
         cache_bytes: p.cache,
         track: p.track,
         budget: p.budget,
+        schema_version: component.info().schema_version,
     };
     let paged = crate::operator::paged::Paged::new(instance, &dir, setup, p.paging)
         .map_err(|e| format!("{e} (give the disk backend a writable directory with space: WEIR_STATE_DIR)"))?;

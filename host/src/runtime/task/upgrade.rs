@@ -248,7 +248,7 @@ impl OperatorTask {
     /// backend, opened. The running instance is not touched.
     fn new_instance(&mut self, factory: &OperatorFactory) -> Result<Box<dyn OperatorLogic>, String> {
         let guest = self.new_guest(factory)?;
-        let mut new = self.instance.successor(guest, keyed_states(factory))?;
+        let mut new = self.instance.successor(guest, keyed_states(factory), factory.info().schema_version)?;
         new.open(&self.config).map_err(|e| e.to_string())?;
         Ok(new)
     }
