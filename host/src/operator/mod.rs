@@ -6,6 +6,8 @@ pub mod changes;
 mod logic;
 pub mod native;
 pub mod paged;
+#[cfg(test)]
+pub(crate) mod recording;
 pub mod residency;
 pub mod store;
 

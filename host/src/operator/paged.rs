@@ -528,51 +528,8 @@ fn sweep_dead(root: &Path, host: &str) {
 mod tests {
     use super::*;
     use crate::checkpoint::layout::{NamedState, encode};
+    use crate::operator::recording::{Recording, Restores};
     use crate::sandbox::bindings::types::TaskInfo;
-
-    /// The `restore` calls a [`Recording`] got: key groups, operator-state bytes.
-    type Restores = Arc<std::sync::Mutex<Vec<(Vec<u32>, usize)>>>;
-
-    /// A guest that records its `restore` calls and holds nothing (its page-outs are empty).
-    struct Recording {
-        host: HostState,
-        restores: Restores,
-    }
-
-    impl OperatorLogic for Recording {
-        fn host(&mut self) -> &mut HostState {
-            &mut self.host
-        }
-        fn open(&mut self, _: &[(String, String)]) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn process(&mut self, _: Side, _: &Batch) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn on_timer(&mut self, _: TimeDomain, _: &Batch) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn on_watermark(&mut self, _: i64) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn snapshot(&mut self, _: u64, _: SnapshotMode) -> Result<OperatorSnapshot, GuestError> {
-            Ok(OperatorSnapshot { keyed: Vec::new(), operator_state: Vec::new() })
-        }
-        fn restore(&mut self, _: u32, state: &OperatorSnapshot) -> Result<(), GuestError> {
-            let groups = state.keyed.iter().map(|k| k.key_group).collect();
-            self.restores.lock().unwrap().push((groups, state.operator_state.len()));
-            Ok(())
-        }
-        fn close(&mut self) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn take_emitted(&mut self) -> Batch {
-            Batch::default()
-        }
-        fn page_out(&mut self, _: Vec<u8>, _: bool) -> Result<Vec<KeyGroupState>, GuestError> {
-            Ok(Vec::new())
-        }
-    }
 
     fn paged(dir: &Path, track: bool) -> (Paged, Restores) {
         let task = TaskInfo {
@@ -584,8 +541,8 @@ mod tests {
             key_group_start: 0,
             key_group_end: 4,
         };
-        let restores = Arc::default();
-        let inner = Recording { host: HostState::new(task, 0), restores: Arc::clone(&restores) };
+        let inner = Recording::new(task, false);
+        let restores = Arc::clone(&inner.calls);
         let setup = Setup {
             states: vec!["s".into()],
             groups: 0..4,
@@ -612,7 +569,7 @@ mod tests {
         let (mut p, restores) = paged(&tmp.path().join("a"), true);
         let keyed = vec![group(1, &[(b"a", b"1"), (b"b", b"2")]), group(3, &[(b"c", b"3")])];
         p.restore(3, &OperatorSnapshot { keyed: keyed.clone(), operator_state: vec![9; 5] }).unwrap();
-        assert_eq!(*restores.lock().unwrap(), vec![(vec![], 5)], "the guest got the non-keyed state alone");
+        assert_eq!(*restores.lock().unwrap(), vec![(vec![], 0, 5)], "the guest got the non-keyed state alone");
         let (pages, found) = p.store.read(&[(1, b"a"), (1, b"b"), (3, b"c"), (3, b"zz")]).unwrap();
         assert_eq!(found, 3);
         let as_read: Vec<(u32, Vec<u8>)> = pages.into_iter().map(|p| (p.key_group, p.data)).collect();
@@ -626,7 +583,11 @@ mod tests {
 
         let (mut p, restores) = paged(&tmp.path().join("b"), false);
         p.restore(2, &OperatorSnapshot { keyed: keyed.clone(), operator_state: Vec::new() }).unwrap();
-        assert_eq!(*restores.lock().unwrap(), vec![(vec![1, 3], 0)], "migrated by the guest");
+        assert_eq!(
+            *restores.lock().unwrap(),
+            vec![(vec![1, 3], keyed[0].data.len() + keyed[1].data.len(), 0)],
+            "migrated by the guest"
+        );
 
         let (mut p, _) = paged(&tmp.path().join("c"), false);
         let e = p.restore(3, &OperatorSnapshot { keyed: vec![group(6, &[])], operator_state: Vec::new() }).unwrap_err();

@@ -1459,48 +1459,6 @@ mod tests {
         assert!(e.contains("timer key of 65537 bytes exceeds 65536"), "{e}");
     }
 
-    /// Records the `restore` calls it gets: (key groups, their bytes, operator state bytes).
-    struct Recording {
-        host: HostState,
-        disk: bool,
-        calls: Vec<(Vec<u32>, usize, usize)>,
-    }
-
-    impl OperatorLogic for Recording {
-        fn host(&mut self) -> &mut HostState {
-            &mut self.host
-        }
-        fn open(&mut self, _: &[(String, String)]) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn process(&mut self, _: Side, _: &Batch) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn on_timer(&mut self, _: TimeDomain, _: &Batch) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn on_watermark(&mut self, _: i64) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn snapshot(&mut self, _: u64, _: SnapshotMode) -> Result<OperatorSnapshot, GuestError> {
-            Ok(OperatorSnapshot { keyed: Vec::new(), operator_state: Vec::new() })
-        }
-        fn restore(&mut self, _: u32, state: &OperatorSnapshot) -> Result<(), GuestError> {
-            let bytes = state.keyed.iter().map(|k| k.data.len()).sum();
-            self.calls.push((state.keyed.iter().map(|k| k.key_group).collect(), bytes, state.operator_state.len()));
-            Ok(())
-        }
-        fn close(&mut self) -> Result<(), GuestError> {
-            Ok(())
-        }
-        fn take_emitted(&mut self) -> Batch {
-            Batch::default()
-        }
-        fn keyed_state_on_disk(&self) -> bool {
-            self.disk
-        }
-    }
-
     /// Keyed state still in the checkpoint's files reaches a disk operator in chunks of about
     /// [`STREAMED_RESTORE_CHUNK`] bytes, never whole: every group once, in order, the operator
     /// state in the first call only, timers registered. An operator that keeps its state in
@@ -1530,10 +1488,10 @@ mod tests {
             key_group_end: 64,
         };
         let run = |disk| {
-            let mut r = Recording { host: HostState::new(task.clone(), 0), disk, calls: Vec::new() };
+            let mut r = crate::operator::recording::Recording::new(task.clone(), disk);
             put_state(&mut r, 1, &restored).unwrap();
             assert_eq!(r.host.event_timers.len(), 1);
-            r.calls
+            r.calls.lock().unwrap().clone()
         };
         let calls = run(true);
         assert!(calls.len() >= 3, "{} calls", calls.len());
