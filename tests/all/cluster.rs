@@ -317,6 +317,19 @@ fn cluster_sigkill_of_a_worker_restarts_the_job_on_the_remaining_slots_exactly_o
     assert!(!files.is_empty() && files.iter().all(|f| f.ends_with(".a2.state")), "{files:?}");
 }
 
+/// Runs `job` on a coordinator and two one-slot workers until `store` holds a complete
+/// checkpoint, then SIGKILLs them all.
+fn killed_after_first_checkpoint(dir: &Path, job: &Path, secret: &Path, store: &CheckpointStore) {
+    let mut procs = Procs::default();
+    let mut c = coordinator(job, secret, 2);
+    for w in ["w1", "w2"] {
+        procs.0.push(worker(&c, secret, w, 1, dir));
+    }
+    first_checkpoint(&mut c, store);
+    c.child.kill().unwrap(); // SIGKILL, then the workers too
+    c.child.wait().unwrap();
+}
+
 /// Rescaling across workers: the job at parallelism 2 on two workers, every process SIGKILLed
 /// after a complete checkpoint, restored with `--restore latest` with the keyed counter at
 /// parallelism 3 (tokenizer at 1) on three new workers: key groups move to the new subtasks
@@ -329,15 +342,7 @@ fn cluster_rescale_restoring_at_another_parallelism_on_more_workers_keeps_exactl
     let job = job_into(dir.path(), name, "type = \"file\"\npath = \"out\"");
     let store = CheckpointStore::new(&dir.path().join("checkpoints"), name);
     let secret = secret(dir.path());
-    let mut before = Procs::default();
-    let mut c = coordinator(&job, &secret, 2);
-    for w in ["w1", "w2"] {
-        before.0.push(worker(&c, &secret, w, 1, dir.path()));
-    }
-    first_checkpoint(&mut c, &store);
-    c.child.kill().unwrap(); // SIGKILL, then the workers too
-    c.child.wait().unwrap();
-    drop(before);
+    killed_after_first_checkpoint(dir.path(), &job, &secret, &store);
     rescale_wordcount(&job);
     let mut c = coordinator_args(&job, &secret, 3, 10_000, &["--restore", "latest"]);
     let mut after = Procs::default();
@@ -354,6 +359,37 @@ fn cluster_rescale_restoring_at_another_parallelism_on_more_workers_keeps_exactl
     let newest = store.latest(|_| {}).unwrap();
     assert_eq!(newest.manifest.operator("count").unwrap().parallelism, 3);
     assert_eq!(newest.manifest.operator("tokenize").unwrap().parallelism, 1);
+}
+
+/// Each worker loads only its own part of a checkpoint (the coordinator reads the sinks'),
+/// so a damaged state file of an operator is found by the worker that runs it. That is no
+/// passing failure to retry: the job fails at once, naming the file and what to do, as it
+/// does when one process loads the whole checkpoint.
+#[test]
+fn cluster_a_damaged_state_file_of_a_workers_part_fails_the_job_naming_it() {
+    let dir = scratch();
+    let name = "wc-cluster-damaged";
+    write_input(&dir.path().join("input.txt"), 200_000, 33);
+    let job = job_into(dir.path(), name, "type = \"file\"\npath = \"out\"");
+    let store = CheckpointStore::new(&dir.path().join("checkpoints"), name);
+    let secret = secret(dir.path());
+    killed_after_first_checkpoint(dir.path(), &job, &secret, &store);
+    let newest = store.latest(|_| {}).unwrap();
+    let entry = newest.manifest.operator("count").unwrap().subtasks[0].clone();
+    let path = newest.path.join(&entry.file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    let mut c = coordinator_args(&job, &secret, 2, 10_000, &["--restore", "latest"]);
+    let mut after = Procs::default();
+    for w in ["w3", "w4"] {
+        after.0.push(worker(&c, &secret, w, 1, dir.path()));
+    }
+    let (status, log) = exited(&mut c);
+    assert!(!status.success(), "the job must fail:\n{log}");
+    assert!(log.contains(&entry.file) && log.contains("does not fall back"), "names the file and what to do:\n{log}");
+    assert!(!log.contains("attempt 2:"), "no restart from a checkpoint that does not load:\n{log}");
 }
 
 #[test]

@@ -268,16 +268,20 @@ impl ChainReader<'_> {
         // A group absent from a file had no state there: only the files after the last such
         // gap fold into it.
         let from = files.iter().rposition(|f| f.frame(g).is_none()).map_or(0, |i| i + 1);
+        // Each file's state of the group (folded in one pass); the timers are the newest's.
         let mut layers = Vec::with_capacity(files.len() - from);
+        let mut last = None;
         for i in from..files.len() {
-            layers.push(self.read(i, g)?);
+            let mut kg = self.read(i, g)?;
+            layers.push(std::mem::take(&mut kg.data));
+            last = Some(kg);
         }
-        let data = layout::fold(layers.iter().map(|kg| &kg.data[..])).map_err(|source| ChainError::Fold {
+        let data = layout::fold(layers.iter().map(|d| &d[..])).map_err(|source| ChainError::Fold {
             path: newest.path.clone(),
             key_group: g,
             source,
         })?;
-        let Some(last) = layers.pop() else { return Ok(None) };
+        let Some(last) = last else { return Ok(None) };
         if data.is_empty() && last.event_timers.is_empty() && last.processing_timers.is_empty() {
             return Ok(None);
         }

@@ -529,6 +529,15 @@ impl Worker {
             transient: !setup,
             setup,
         };
+        // The store not answering may pass (the job restarts); a file of this worker's part
+        // that does not load will not: the job fails, as when the coordinator finds it.
+        let unrestorable = |what: &str, e: storage::CheckpointError| {
+            if e.is_incomplete() || matches!(e, storage::CheckpointError::Remote(_)) {
+                refuse(format!("{what}: {e}"), false)
+            } else {
+                refuse(format!("{what}: {e}; {}", storage::UNLOADABLE_ADVICE), true)
+            }
+        };
         let job = self.bind(&d).map_err(|e| refuse(e, true))?;
         let store = CheckpointStore::of(&job.graph)
             .map_err(|e| refuse(e.to_string(), true))?
@@ -553,11 +562,9 @@ impl Worker {
                 let local = store.as_ref().map_or_else(|| self.cfg.dir.join(&name), |s| s.root().join(&name));
                 restored_dir = Some(Staging(local.clone()));
                 let fetched = mirror::fetch_url(url, &local, &scope);
-                Some(fetched.map_err(|e| refuse(format!("cannot restore {url}: {e}"), false))?)
+                Some(fetched.map_err(|e| unrestorable(&format!("cannot restore {url}"), e))?)
             }
-            Some((p, None)) => {
-                Some(storage::load_part(p, &scope).map_err(|e| refuse(format!("cannot restore: {e}"), false))?)
-            }
+            Some((p, None)) => Some(storage::load_part(p, &scope).map_err(|e| unrestorable("cannot restore", e))?),
             None => None,
         };
         if let Some(c) = &restore {

@@ -238,23 +238,43 @@ impl Paged {
     /// ([`OperatorLogic::restored_as_base`]). A malformed blob fails the restore naming its
     /// key group, as the guest would.
     fn restore_unmigrated(&mut self, state: &OperatorSnapshot) -> Result<(), GuestError> {
-        if let Some(g) = state.keyed.iter().find(|g| !self.groups.contains(&g.key_group)) {
-            return Err(GuestError::Failed {
-                call: "restore",
-                message: format!(
+        let failed = |message: String| GuestError::Failed { call: "restore", message };
+        // What the guest's page-out would have been held to: owned groups, the state layout,
+        // values within `max_state_value_mb` (declared states: `StateStore::load`).
+        let max_value = (self.inner.host().limits.max_state_value_mb << 20) as usize;
+        for g in &state.keyed {
+            if !self.groups.contains(&g.key_group) {
+                return Err(failed(format!(
                     "restored key group {}, which this subtask does not own ([{}, {}))",
                     g.key_group, self.groups.start, self.groups.end
-                ),
-            });
+                )));
+            }
+            let shape = crate::checkpoint::layout::walk(&g.data)
+                .map_err(|e| failed(format!("restored key group {}: not the state layout: {e}", g.key_group)))?;
+            if shape.max_value > max_value {
+                return Err(failed(format!(
+                    "restored key group {}: a value of {} bytes > max_state_value_mb = {} MiB ([limits] in the job file)",
+                    g.key_group,
+                    shape.max_value,
+                    max_value >> 20
+                )));
+            }
         }
         if !state.operator_state.is_empty() {
             let rest = OperatorSnapshot { keyed: Vec::new(), operator_state: state.operator_state.clone() };
             self.inner.restore(self.schema_version, &rest)?;
         }
-        self.charge(&state.keyed, false, "restore")?;
-        let (entries, bytes) = self.store.load(&state.keyed).map_err(store_failed("restore"))?;
-        self.resident.observe(entries, bytes);
-        self.counters.entries_written.fetch_add(entries as u64, Ordering::Relaxed);
+        // In batches of about a restore chunk (a checkpoint of the older format arrives whole).
+        let mut at = 0;
+        while at < state.keyed.len() {
+            let take = chunk_len(&state.keyed[at..], self.restore_chunk);
+            let part = &state.keyed[at..at + take];
+            self.charge(part, false, "restore")?;
+            let (entries, bytes) = self.store.load(part).map_err(store_failed("restore"))?;
+            self.resident.observe(entries, bytes);
+            self.counters.entries_written.fetch_add(entries as u64, Ordering::Relaxed);
+            at += take;
+        }
         Ok(())
     }
 
@@ -380,16 +400,7 @@ impl OperatorLogic for Paged {
         let mut operator_state = state.operator_state.clone();
         let mut at = 0;
         while at < state.keyed.len() {
-            let mut bytes = 0;
-            let end = at
-                + state.keyed[at..]
-                    .iter()
-                    .take_while(|g| {
-                        bytes += g.data.len();
-                        bytes <= self.restore_chunk
-                    })
-                    .count()
-                    .max(1);
+            let end = at + chunk_len(&state.keyed[at..], self.restore_chunk);
             let part = OperatorSnapshot {
                 keyed: state.keyed[at..end].to_vec(),
                 operator_state: std::mem::take(&mut operator_state),
@@ -473,6 +484,19 @@ impl OperatorLogic for Paged {
         }
         Ok(())
     }
+}
+
+/// How many of `groups` (at least one) make a chunk of at most `limit` bytes.
+fn chunk_len(groups: &[KeyGroupState], limit: usize) -> usize {
+    let mut bytes = 0;
+    groups
+        .iter()
+        .take_while(|g| {
+            bytes += g.data.len();
+            bytes <= limit
+        })
+        .count()
+        .max(1)
 }
 
 /// Where the disk backend's stores live: `$WEIR_STATE_DIR`, else the system's temporary
@@ -592,6 +616,10 @@ mod tests {
         let (mut p, _) = paged(&tmp.path().join("c"), false);
         let e = p.restore(3, &OperatorSnapshot { keyed: vec![group(6, &[])], operator_state: Vec::new() }).unwrap_err();
         assert!(e.to_string().contains("key group 6"), "{e}");
+        p.inner.host().limits.max_state_value_mb = 1;
+        let big = group(2, &[(b"k", &vec![0u8; (1 << 20) + 1])]);
+        let e = p.restore(3, &OperatorSnapshot { keyed: vec![big], operator_state: Vec::new() }).unwrap_err();
+        assert!(e.to_string().contains("max_state_value_mb"), "{e}");
         let bad = KeyGroupState { key_group: 2, data: vec![1, 2, 3] };
         let e = p.restore(3, &OperatorSnapshot { keyed: vec![bad], operator_state: Vec::new() }).unwrap_err();
         assert!(e.to_string().contains("key group 2"), "{e}");
