@@ -327,6 +327,18 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
     assert_eq!(got.len(), expected.len(), "line count after the restart");
     assert!(got == expected, "committed output differs from the failure-free output");
     drop(procs);
+
+    // etcd replaced by an empty one (reset, wiped, a new etcd): it knows no checkpoint, the
+    // bucket holds the job's. A new leader does not start the job over (that would clear
+    // its committed output): it stops, naming the newest checkpoint and how to resume.
+    let fresh = Etcd::start();
+    let mut c = coordinator_env(&job, &secret, free_addr(), &fresh, &env);
+    let code = exit_code(&mut c.0, &c.1);
+    let log = c.1.lock().unwrap().clone();
+    assert_ne!(code, 0, "the leader must refuse to start over:\n{log}");
+    assert!(log.contains(&format!("etcd holds no checkpoint of job `{name}`")), "{log}");
+    assert!(log.contains(&format!("--restore s3://weir/ha/{name}/chk-")), "{log}");
+    assert!(committed_lines(&dir.path().join("out")) == expected, "the committed output is untouched");
 }
 
 /// What a worker's log says it loaded of checkpoint `url` (`s3://…/chk-<id>`) when its first

@@ -986,7 +986,14 @@ fn run_coordinator(
                 }
                 source = weir::cluster::coordinator::JobSource { path: stored.path, text: stored.text };
             }
-            None => l.store_job(&StoredJob { path: source.path.clone(), text: source.text.clone() })?,
+            None => {
+                // etcd knows no job of this cluster: its first leader, or etcd lost its data.
+                // Checked before the job is stored, so a refusal stays a refusal on restart.
+                if restore.is_none() {
+                    refuse_checkpoints_etcd_does_not_know(&job::parse(&source.path, &source.text)?)?;
+                }
+                l.store_job(&StoredJob { path: source.path.clone(), text: source.text.clone() })?
+            }
         }
         if let Some(chk) = l.checkpoint()? {
             tracing::info!("taking over from checkpoint {}", chk.display());
@@ -1031,6 +1038,28 @@ fn run_coordinator(
         l.mark_finished();
     }
     ran
+}
+
+/// A first leader (etcd holds no job of its cluster) given no `--restore` would start the job
+/// from the beginning, clearing its committed output. If the job's checkpoint store holds a
+/// complete checkpoint, etcd lost what it knew (reset, wiped, a new etcd) or another cluster
+/// wrote there: the leader stops, naming the checkpoint and how to go on, instead. (A leader
+/// that dies between publishing its first checkpoint and recording it in etcd leaves the job
+/// stored there: its successor starts over, as no output of that checkpoint was committed.)
+fn refuse_checkpoints_etcd_does_not_know(graph: &weir::graph::logical::JobGraph) -> Result<()> {
+    let Some(store) = CheckpointStore::of(graph)? else { return Ok(()) };
+    let Some((id, place, finished)) = store.newest_complete().map_err(|e| anyhow::anyhow!("{e}"))? else {
+        return Ok(());
+    };
+    let ended = if finished { " (the job had run to its end there)" } else { "" };
+    anyhow::bail!(
+        "etcd holds no checkpoint of job `{}`, but its checkpoint store holds complete checkpoint {id} at \
+         {place}{ended}: etcd was reset or replaced, or another cluster wrote there. Starting from the \
+         beginning would clear the job's committed output, so this coordinator stops. To resume from it, start \
+         the coordinators with --restore {place}; to start over, remove the job's checkpoints or give it \
+         another checkpoint directory",
+        graph.name
+    )
 }
 
 /// Runs a job on a cluster instead of in this process.

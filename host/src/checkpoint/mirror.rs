@@ -105,6 +105,21 @@ impl CheckpointStore {
             .map_err(|source| CheckpointError::Manifest { path: self.remote_path(r, id), source })
     }
 
+    /// The newest complete checkpoint here or, when mirrored, in the object store: its id,
+    /// where it is, and whether its job had run to its end. Only manifests are read.
+    pub fn newest_complete(&self) -> Result<Option<(u64, String, bool)>, CheckpointError> {
+        let Some(r) = &self.remote else {
+            let newest = self.list().into_iter().rev().find_map(|l| Some((l.id, l.path, l.status.ok()?.finished)));
+            return Ok(newest.map(|(id, path, finished)| (id, path.display().to_string(), finished)));
+        };
+        for id in self.remote_ids()?.into_iter().rev() {
+            if let Some(m) = self.remote_manifest(r, id)? {
+                return Ok(Some((id, self.remote_path(r, id).display().to_string(), m.finished)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Where checkpoint `id` lives in the object store: `s3://bucket/prefix/<job>/chk-<id>`.
     pub(crate) fn remote_path(&self, r: &Remote, id: u64) -> PathBuf {
         PathBuf::from(format!("{}/chk-{id}", r.url()))

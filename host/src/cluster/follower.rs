@@ -85,7 +85,8 @@ impl Follower {
     pub fn on_welcome(&mut self, epoch: u64, heartbeat_ms: u64, now: u64) -> Result<(), String> {
         if epoch < self.epoch {
             return Err(format!(
-                "it leads epoch {epoch}, older than epoch {} this worker followed; it was deposed",
+                "it leads epoch {epoch}, older than epoch {} this worker followed: it was deposed (or etcd lost \
+                 its data, and then this worker must be restarted to follow the new leader)",
                 self.epoch
             ));
         }
