@@ -2,6 +2,7 @@
 //! instance (the product), or a native operator compiled into the host (only to measure
 //! the engine's physical limit against the same logic in WASM).
 
+pub mod bulk_load;
 pub mod changes;
 mod logic;
 pub mod native;

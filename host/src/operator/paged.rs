@@ -376,7 +376,7 @@ impl OperatorLogic for Paged {
                 });
             }
             operator_state = snap.operator_state;
-            let view = self.store.read_view();
+            let view = self.store.read_view().map_err(store_failed("snapshot"))?;
             let full = !self.track || matches!(mode, SnapshotMode::Full);
             if full && self.track {
                 // A full snapshot covers every change up to the barrier; should it be
@@ -600,7 +600,7 @@ mod tests {
         assert_eq!(as_read, keyed.iter().map(|k| (k.key_group, k.data.clone())).collect::<Vec<_>>());
         assert_eq!(p.counters.entries_written.load(Ordering::Relaxed), 3);
         // A delta right after it holds nothing restored.
-        let view = p.store.read_view();
+        let view = p.store.read_view().unwrap();
         let delta = p.store.group_delta(&view, 1, p.epoch).unwrap();
         let changes = crate::checkpoint::layout::decode_delta(&delta).unwrap();
         assert!(changes.iter().all(|(_, c)| c.is_empty()), "{changes:?}");

@@ -13,18 +13,22 @@
 //! handed every group out.
 //!
 //! Invariants: the store is scratch space of one attempt — created empty in a fresh
-//! directory, filled from the checkpoint it restores, deleted when the subtask ends —
+//! directory, filled from the checkpoint it restores (bulk-loaded while nothing else was
+//! written, the load finished before anything reads or writes it), deleted when the
+//! subtask ends —
 //! so durability comes from checkpoints and the journal is never synced; a group's blob for
 //! a checkpoint is read from a read snapshot taken at the barrier, so writes after the barrier
 //! never show in it; a malformed page or an over-long key is an error naming it, never a
 //! panic or a partial write (a page is one atomic batch).
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle, Snapshot};
 use thiserror::Error;
 
 use crate::checkpoint::layout::{self, DeltaState, NamedState};
+use crate::operator::bulk_load::{BulkLoad, Run, sorted_run};
 use crate::operator::changes::ChangeLog;
 use crate::sandbox::bindings::types::KeyGroupState;
 
@@ -53,6 +57,14 @@ pub enum StoreError {
         /// What to do, when the disk is full.
         hint: String,
     },
+    /// A restore's bulk load failed.
+    #[error("the disk state backend's store at {dir}: loading the restored state failed: {message}")]
+    BulkLoad {
+        /// The store's directory.
+        dir: PathBuf,
+        /// The cause.
+        message: String,
+    },
     /// A page that breaks the state layout or names an undeclared state.
     #[error("key group {key_group}: {what}")]
     Page {
@@ -65,9 +77,17 @@ pub enum StoreError {
 
 /// One subtask's keyed state on disk.
 pub struct StateStore {
+    /// A restore's bulk load in progress, finished before anything else touches `data`
+    /// (first: dropped, and so waited for, before the store goes).
+    bulk: Mutex<Option<BulkLoad>>,
     dir: PathBuf,
     keyspace: Keyspace,
     data: PartitionHandle,
+    /// Bookkeeping: a write here after a bulk load moves the keyspace's sequence number past
+    /// the loaded entries' (0), so read views see them.
+    meta: PartitionHandle,
+    /// Nothing was ever written: a restore may bulk-load it.
+    fresh: bool,
     /// Incremental checkpoints: per change epoch not yet handed out by a whole snapshot,
     /// the writes of that epoch (keys as in `data`; values tagged [`UPSERT`] or [`REMOVED`]).
     changes: ChangeLog,
@@ -93,10 +113,20 @@ impl StateStore {
             .map_err(io)?;
         let opts = || PartitionCreateOptions::default().max_memtable_size(MEMTABLE);
         let data = keyspace.open_partition("keyed", opts()).map_err(io)?;
+        let meta = keyspace.open_partition("meta", opts()).map_err(io)?;
         let mut changes_dir = dir.as_os_str().to_owned();
         changes_dir.push(".changes");
         let changes = ChangeLog::new(Path::new(&changes_dir));
-        Ok(StateStore { dir: dir.to_path_buf(), keyspace, data, changes, states })
+        Ok(StateStore {
+            dir: dir.to_path_buf(),
+            keyspace,
+            data,
+            meta,
+            fresh: true,
+            bulk: Mutex::new(None),
+            changes,
+            states,
+        })
     }
 
     /// The keyed states it holds, in ordinal order.
@@ -116,6 +146,7 @@ impl StateStore {
     /// The page-in blobs of `keys` (key group, key), one full blob per key group that has
     /// state for any of them (keys without state are left out), and the entries they hold.
     pub fn read(&self, keys: &[(u32, &[u8])]) -> Result<(Vec<KeyGroupState>, usize), StoreError> {
+        self.settle()?;
         let (mut out, mut found) = (Vec::new(), 0);
         let mut at = 0;
         while at < keys.len() {
@@ -149,13 +180,60 @@ impl StateStore {
         self.write(pages, epoch, layout::decode_delta)
     }
 
-    /// Writes restored key groups (full blobs, as a checkpoint holds them) in one atomic
-    /// batch, recording no change; returns the entries and bytes written.
+    /// Writes restored key groups (full blobs, as a checkpoint holds them), recording no
+    /// change; returns the entries and bytes written. Into a store never written, groups in
+    /// ascending order are bulk-loaded (`operator/bulk_load.rs`); otherwise, and from the
+    /// first group out of order on, they are written as one atomic batch.
     pub fn load(&mut self, groups: &[KeyGroupState]) -> Result<(usize, usize), StoreError> {
-        self.write(groups, None, |blob| {
-            let full = layout::decode(blob)?;
-            Ok(full.into_iter().map(|n| (n.name, n.entries.into_iter().map(|(k, v)| (k, Some(v))).collect())).collect())
-        })
+        let (mut entries, mut bytes) = (0, 0);
+        for (i, p) in groups.iter().enumerate() {
+            let loading = self.bulk.get_mut().unwrap_or_else(|e| e.into_inner()).is_some();
+            let run = if self.fresh || loading { Some(self.run_of(p)?) } else { None };
+            let dir = self.dir.clone();
+            let failed = move |message: String| StoreError::BulkLoad { dir: dir.clone(), message };
+            let slot = self.bulk.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let Some(run) = run {
+                if slot.is_none() {
+                    self.fresh = false;
+                    *slot = Some(BulkLoad::start(self.data.clone()).map_err(|e| failed(e.to_string()))?);
+                }
+                let bulk = slot.as_mut().expect("started");
+                if bulk.follows(&run) {
+                    entries += run.len();
+                    bytes += run.iter().map(|(k, v)| k.len() - PREFIX + v.len()).sum::<usize>();
+                    bulk.push(run).map_err(failed)?;
+                    continue;
+                }
+            }
+            // Written before, or out of order: the rest the ordinary way.
+            let (e, b) = self.write(&groups[i..], None, decode_full)?;
+            return Ok((entries + e, bytes + b));
+        }
+        Ok((entries, bytes))
+    }
+
+    /// Group `p`'s entries (a full blob) as a bulk load's run: store keys, sorted.
+    fn run_of(&self, p: &KeyGroupState) -> Result<Run, StoreError> {
+        let bad = |what: String| StoreError::Page { key_group: p.key_group, what };
+        let mut run = Vec::new();
+        for n in layout::decode(&p.data).map_err(|e| bad(e.to_string()))? {
+            let ordinal = self.ordinal(&n.name).ok_or_else(|| bad(format!("undeclared keyed state `{}`", n.name)))?;
+            for (key, value) in n.entries {
+                check_key(&key, &n.name).map_err(bad)?;
+                run.push((store_key(p.key_group, ordinal, &key), value));
+            }
+        }
+        Ok(sorted_run(run))
+    }
+
+    /// Finishes a bulk load in progress: after it, every restored entry is in `data`.
+    fn settle(&self) -> Result<(), StoreError> {
+        let taken = self.bulk.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(mut b) = taken else { return Ok(()) };
+        b.finish().map_err(|message| StoreError::BulkLoad { dir: self.dir.clone(), message })?;
+        // Loaded entries carry sequence number 0, which a read view taken at the keyspace's
+        // instant sees only once a write moved it past 0.
+        self.meta.insert("bulk-loaded", []).map_err(self.io())
     }
 
     /// Writes pages, each decoded by `decode`, in one atomic batch (see [`apply`](Self::apply)).
@@ -165,6 +243,8 @@ impl StateStore {
         epoch: Option<u64>,
         decode: impl Fn(&[u8]) -> Result<Vec<DeltaState>, layout::LayoutError>,
     ) -> Result<(usize, usize), StoreError> {
+        self.settle()?;
+        self.fresh = false;
         let mut batch = self.keyspace.batch();
         // Recorded once the batch is in: a malformed page records nothing.
         let mut changed = Vec::new();
@@ -175,13 +255,7 @@ impl StateStore {
             for (name, changes) in delta {
                 let ordinal = self.ordinal(&name).ok_or_else(|| bad(format!("undeclared keyed state `{name}`")))?;
                 for (key, value) in changes {
-                    if key.len() > MAX_KEY_BYTES {
-                        return Err(bad(format!(
-                            "a key of {} bytes in state `{name}`: the disk backend takes keys of at most \
-                             {MAX_KEY_BYTES} bytes (use state_backend = \"memory\" for this operator)",
-                            key.len()
-                        )));
-                    }
+                    check_key(&key, &name).map_err(bad)?;
                     let k = store_key(p.key_group, ordinal, &key);
                     entries += 1;
                     bytes += key.len() + value.as_ref().map_or(0, Vec::len);
@@ -210,8 +284,9 @@ impl StateStore {
     }
 
     /// A read view of the store as it is now (a checkpoint's barrier).
-    pub fn read_view(&self) -> ReadView {
-        ReadView { data: self.data.snapshot_at(self.keyspace.instant()) }
+    pub fn read_view(&self) -> Result<ReadView, StoreError> {
+        self.settle()?;
+        Ok(ReadView { data: self.data.snapshot_at(self.keyspace.instant()) })
     }
 
     /// Key group `group`'s full blob in `view` (empty: no state).
@@ -312,10 +387,28 @@ fn store_key(group: u32, ordinal: usize, key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// A full blob's entries as upserts.
+fn decode_full(blob: &[u8]) -> Result<Vec<DeltaState>, layout::LayoutError> {
+    let full = layout::decode(blob)?;
+    Ok(full.into_iter().map(|n| (n.name, n.entries.into_iter().map(|(k, v)| (k, Some(v))).collect())).collect())
+}
+
+/// A record key the store can take (fjall's key limit), or why not.
+fn check_key(key: &[u8], state: &str) -> Result<(), String> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "a key of {} bytes in state `{state}`: the disk backend takes keys of at most {MAX_KEY_BYTES} bytes \
+             (use state_backend = \"memory\" for this operator)",
+            key.len()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::layout::{apply_delta, decode, encode_delta};
+    use crate::checkpoint::layout::{apply_delta, decode, decode_delta, encode_delta};
 
     fn store(dir: &Path) -> StateStore {
         StateStore::open(&dir.join("s"), vec!["count".into(), "seen".into()], 1 << 20).unwrap()
@@ -330,6 +423,79 @@ mod tests {
         (name.into(), e)
     }
 
+    fn full(group: u32, states: &[(&str, &[(&str, &str)])]) -> KeyGroupState {
+        let named: Vec<NamedState> = states
+            .iter()
+            .map(|(n, e)| NamedState {
+                name: n.to_string(),
+                entries: e.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect(),
+            })
+            .collect();
+        KeyGroupState { key_group: group, data: layout::encode(&named) }
+    }
+
+    fn sorted_groups(s: &StateStore, view: &ReadView, group: u32) -> Vec<NamedState> {
+        let mut states = decode(&s.group_blob(view, group).unwrap()).unwrap();
+        for n in &mut states {
+            n.entries.sort();
+        }
+        states
+    }
+
+    /// A restore into a new store is bulk-loaded: groups in order (keys unsorted within a
+    /// blob, a key given twice keeps its last value) are read back from point reads and from
+    /// a read view (the first checkpoint after it), with nothing recorded as a change; a group
+    /// out of order and everything after it are written the ordinary way; later writes win.
+    #[test]
+    fn a_restore_into_a_new_store_is_bulk_loaded_and_reads_back_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = store(tmp.path());
+        let groups = [
+            full(1, &[("count", &[("b", "2"), ("a", "1"), ("b", "3")]), ("seen", &[("a", "x")])]),
+            full(4, &[("seen", &[("z", "9")])]),
+            full(2, &[("count", &[("c", "5")])]),
+            full(7, &[("count", &[("d", "6")])]),
+        ];
+        assert_eq!(s.load(&groups).unwrap().0, 6);
+        assert!(s.bulk.get_mut().unwrap().is_none(), "the out-of-order group finished the load");
+        let (pages, found) = s.read(&[(1, b"a"), (1, b"b"), (2, b"c"), (4, b"z"), (7, b"d")]).unwrap();
+        assert_eq!((pages.len(), found), (4, 6));
+        let view = s.read_view().unwrap();
+        let want = |e: &[(&str, &str)]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            e.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
+        };
+        assert_eq!(
+            sorted_groups(&s, &view, 1),
+            vec![
+                NamedState { name: "count".into(), entries: want(&[("a", "1"), ("b", "3")]) },
+                NamedState { name: "seen".into(), entries: want(&[("a", "x")]) },
+            ]
+        );
+        assert_eq!(
+            sorted_groups(&s, &view, 7),
+            vec![NamedState { name: "count".into(), entries: want(&[("d", "6")]) }]
+        );
+        assert!(decode_delta(&s.group_delta(&view, 1, 1).unwrap()).unwrap().iter().all(|(_, c)| c.is_empty()));
+        s.apply(&[page(1, &[up("count", &[("a", Some("10")), ("b", None)])])], Some(1)).unwrap();
+        let view = s.read_view().unwrap();
+        let now = sorted_groups(&s, &view, 1);
+        assert_eq!(now[0].entries, want(&[("a", "10")]));
+
+        // Loaded whole, then read only through a view (no write after it): still all there.
+        let mut s = StateStore::open(&tmp.path().join("t"), vec!["count".into()], 1 << 20).unwrap();
+        s.load(&[full(3, &[("count", &[("k", "v")])])]).unwrap();
+        assert!(s.bulk.get_mut().unwrap().is_some(), "still loading until something reads");
+        let view = s.read_view().unwrap();
+        assert_eq!(sorted_groups(&s, &view, 3)[0].entries, want(&[("k", "v")]));
+        // A store written before takes a restore as ordinary writes; a bad group names itself.
+        let mut s = StateStore::open(&tmp.path().join("u"), vec!["count".into()], 1 << 20).unwrap();
+        s.apply(&[page(0, &[up("count", &[("q", Some("1"))])])], None).unwrap();
+        s.load(&[full(5, &[("count", &[("k", "v")])])]).unwrap();
+        assert!(s.bulk.get_mut().unwrap().is_none());
+        let e = s.load(&[full(6, &[("nope", &[("k", "v")])])]).unwrap_err().to_string();
+        assert!(e.contains("key group 6") && e.contains("nope"), "{e}");
+    }
+
     #[test]
     fn pages_out_and_in_again_by_key_and_a_group_reads_back_whole() {
         let dir = tempfile::tempdir().unwrap();
@@ -342,7 +508,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let before = s.read_view();
+        let before = s.read_view().unwrap();
         s.apply(&[page(3, &[up("count", &[("b", None), ("c", Some("3"))])])], None).unwrap();
         let (got, entries) = s.read(&[(3, b"a"), (3, b"b"), (4, b"zz")]).unwrap();
         assert_eq!(entries, 2, "a's count and seen");
@@ -355,10 +521,10 @@ mod tests {
         let old = decode(&s.group_blob(&before, 3).unwrap()).unwrap();
         let keys: Vec<&[u8]> = old[0].entries.iter().map(|(k, _)| &k[..]).collect();
         assert_eq!(keys, vec![&b"a"[..], b"b"]);
-        let now = decode(&s.group_blob(&s.read_view(), 3).unwrap()).unwrap();
+        let now = decode(&s.group_blob(&s.read_view().unwrap(), 3).unwrap()).unwrap();
         let keys: Vec<&[u8]> = now[0].entries.iter().map(|(k, _)| &k[..]).collect();
         assert_eq!(keys, vec![&b"a"[..], b"c"]);
-        assert!(s.group_blob(&s.read_view(), 5).unwrap().is_empty());
+        assert!(s.group_blob(&s.read_view().unwrap(), 5).unwrap().is_empty());
     }
 
     #[test]
@@ -367,7 +533,7 @@ mod tests {
         let mut s = store(dir.path());
         let e = s.apply(&[page(1, &[up("count", &[("a", Some("1"))]), up("nope", &[("a", Some("1"))])])], Some(1));
         assert!(e.unwrap_err().to_string().contains("undeclared keyed state `nope`"));
-        assert!(s.group_blob(&s.read_view(), 1).unwrap().is_empty(), "nothing of it was written");
+        assert!(s.group_blob(&s.read_view().unwrap(), 1).unwrap().is_empty(), "nothing of it was written");
         let e = s.apply(&[KeyGroupState { key_group: 2, data: vec![1, 0, 0, 0x80, 9] }], None).unwrap_err();
         assert!(e.to_string().starts_with("key group 2: state blob is malformed"), "{e}");
         let long = "k".repeat(MAX_KEY_BYTES + 1);
@@ -388,13 +554,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = store(dir.path());
         s.apply(&[page(0, &[up("count", &[("a", Some("1")), ("b", Some("2")), ("c", Some("3"))])])], Some(1)).unwrap();
-        let v1 = s.read_view();
+        let v1 = s.read_view().unwrap();
         let base = s.group_blob(&v1, 0).unwrap();
         s.forget_changes(1).unwrap();
         // Epoch 2: b changes twice, c goes, d comes; the barrier at 2; then epoch 3 changes a.
         s.apply(&[page(0, &[up("count", &[("b", Some("19")), ("c", None), ("d", Some("4"))])])], Some(2)).unwrap();
         s.apply(&[page(0, &[up("count", &[("b", Some("20"))])])], Some(2)).unwrap();
-        let v2 = s.read_view();
+        let v2 = s.read_view().unwrap();
         s.apply(&[page(0, &[up("count", &[("a", Some("10"))])])], Some(3)).unwrap();
         let delta = s.group_delta(&v2, 0, 2).unwrap();
         let d = crate::checkpoint::layout::decode_delta(&delta).unwrap();
@@ -403,12 +569,12 @@ mod tests {
         assert_eq!(keys, vec![&b"b"[..], b"c", b"d"], "a changed after the barrier only");
         assert_eq!(apply_delta(&base, &delta).unwrap(), s.group_blob(&v2, 0).unwrap());
         s.forget_changes(2).unwrap();
-        let v3 = s.read_view();
+        let v3 = s.read_view().unwrap();
         let d = crate::checkpoint::layout::decode_delta(&s.group_delta(&v3, 0, 3).unwrap()).unwrap();
         assert_eq!(d[0].1, vec![(b"a".to_vec(), Some(b"10".to_vec()))], "a's change in epoch 3 is still tracked");
         // A group emptied by removals has no state: no delta either.
         s.apply(&[page(0, &[up("count", &[("a", None), ("b", None), ("d", None)])])], Some(4)).unwrap();
-        assert!(s.group_delta(&s.read_view(), 0, 4).unwrap().is_empty());
+        assert!(s.group_delta(&s.read_view().unwrap(), 0, 4).unwrap().is_empty());
     }
 
     /// A snapshot abandoned half-way forgets nothing: the next delta covers both epochs,
@@ -422,13 +588,13 @@ mod tests {
         s.apply(&[page(0, &[up("count", &[("a", Some("2")), ("b", Some("2")), ("c", Some("2"))])])], Some(2)).unwrap();
         // The snapshot at epoch 2 is abandoned: nothing forgotten. Epoch 3 changes a and c.
         s.apply(&[page(0, &[up("count", &[("a", Some("3")), ("c", None)])])], Some(3)).unwrap();
-        let view = s.read_view();
+        let view = s.read_view().unwrap();
         let d = crate::checkpoint::layout::decode_delta(&s.group_delta(&view, 0, 3).unwrap()).unwrap();
         let got: Vec<(&[u8], Option<&[u8]>)> = d[0].1.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
         assert_eq!(got, vec![(&b"a"[..], Some(&b"3"[..])), (b"b", Some(b"2")), (b"c", None)]);
         s.forget_changes(3).unwrap();
         assert_eq!(s.changes.open_epochs(), 0, "every epoch's record is dropped");
-        let d = s.group_delta(&s.read_view(), 0, 3).unwrap();
+        let d = s.group_delta(&s.read_view().unwrap(), 0, 3).unwrap();
         assert!(crate::checkpoint::layout::decode_delta(&d).unwrap().is_empty(), "nothing changed since");
     }
 }
