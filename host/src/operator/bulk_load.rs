@@ -13,8 +13,12 @@ use std::thread::JoinHandle;
 
 use fjall::PartitionHandle;
 
-/// Sorted runs in flight to the loading thread.
+/// Runs in flight to the loading thread, each of at most [`RUN_BYTES`] (about).
 const RUNS_IN_FLIGHT: usize = 4;
+
+/// Bytes of a run handed over at once: a key group's entries are sent in slices of this, so
+/// what waits for the loading thread is bounded in bytes whatever a group holds.
+pub const RUN_BYTES: usize = 4 << 20;
 
 /// Entries of one run: (store key, value), keys ascending and unique.
 pub type Run = Vec<(Vec<u8>, Vec<u8>)>;
@@ -24,6 +28,8 @@ pub struct BulkLoad {
     tx: Option<SyncSender<Run>>,
     thread: Option<JoinHandle<Result<(), String>>>,
     last: Option<Vec<u8>>,
+    /// Why it failed: every later call says so (a failed load never looks finished).
+    failed: Option<String>,
 }
 
 impl BulkLoad {
@@ -33,7 +39,12 @@ impl BulkLoad {
         let thread = std::thread::Builder::new()
             .name("weir-bulk-load".into())
             .spawn(move || data.ingest(rx.into_iter().flatten()).map_err(|e| e.to_string()))?;
-        Ok(BulkLoad { tx: Some(tx), thread: Some(thread), last: None })
+        Ok(BulkLoad { tx: Some(tx), thread: Some(thread), last: None, failed: None })
+    }
+
+    /// A load that failed for `why` (every call says so).
+    pub fn failed(why: String) -> BulkLoad {
+        BulkLoad { tx: None, thread: None, last: None, failed: Some(why) }
     }
 
     /// Whether `run` (sorted, unique keys) can follow what was handed over so far.
@@ -44,27 +55,46 @@ impl BulkLoad {
         }
     }
 
-    /// Hands `run` over; it must [`follow`](Self::follows). An error is the load's: it
-    /// stopped.
-    pub fn push(&mut self, run: Run) -> Result<(), String> {
+    /// Hands `run` over in slices of about [`RUN_BYTES`]; it must
+    /// [`follow`](Self::follows). An error is the load's: it stopped.
+    pub fn push(&mut self, mut run: Run) -> Result<(), String> {
         debug_assert!(self.follows(&run));
-        let Some(last) = run.last().map(|(k, _)| k.clone()) else { return Ok(()) };
-        let sent = self.tx.as_ref().map(|tx| tx.send(run));
-        if !matches!(sent, Some(Ok(()))) {
-            return Err(self.finish().err().unwrap_or_else(|| "the bulk load stopped".into()));
+        while !run.is_empty() {
+            let mut bytes = 0;
+            let take = run
+                .iter()
+                .take_while(|(k, v)| {
+                    bytes += k.len() + v.len();
+                    bytes <= RUN_BYTES
+                })
+                .count()
+                .max(1);
+            let rest = run.split_off(take);
+            let last = run.last().map(|(k, _)| k.clone());
+            let sent = self.tx.as_ref().map(|tx| tx.send(run));
+            if !matches!(sent, Some(Ok(()))) {
+                let why = self.finish().err().unwrap_or_else(|| "the bulk load stopped".into());
+                self.failed = Some(why.clone());
+                return Err(why);
+            }
+            (self.last, run) = (last, rest);
         }
-        self.last = Some(last);
         Ok(())
     }
 
-    /// Waits until every run handed over is in the store.
+    /// Waits until every run handed over is in the store. Once it failed, it fails again.
     pub fn finish(&mut self) -> Result<(), String> {
+        if let Some(why) = &self.failed {
+            return Err(why.clone());
+        }
         drop(self.tx.take());
-        match self.thread.take().map(JoinHandle::join) {
+        let result = match self.thread.take().map(JoinHandle::join) {
             None | Some(Ok(Ok(()))) => Ok(()),
             Some(Ok(Err(e))) => Err(e),
             Some(Err(_)) => Err("the bulk load's thread panicked".into()),
-        }
+        };
+        self.failed = result.as_ref().err().cloned();
+        result
     }
 }
 
@@ -91,6 +121,14 @@ pub fn sorted_run(mut entries: Run) -> Run {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_load_stays_failed() {
+        let mut b = BulkLoad::failed("disk full".into());
+        assert_eq!(b.finish().unwrap_err(), "disk full");
+        assert_eq!(b.push(vec![(vec![1], vec![2])]).unwrap_err(), "disk full");
+        assert_eq!(b.finish().unwrap_err(), "disk full");
+    }
 
     #[test]
     fn a_run_is_sorted_and_keeps_the_last_of_equal_keys() {

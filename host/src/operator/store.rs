@@ -19,7 +19,8 @@
 //! so durability comes from checkpoints and the journal is never synced; a group's blob for
 //! a checkpoint is read from a read snapshot taken at the barrier, so writes after the barrier
 //! never show in it; a malformed page or an over-long key is an error naming it, never a
-//! panic or a partial write (a page is one atomic batch).
+//! panic or a partial write (a page is one atomic batch; a restore's load is not, and a
+//! failed one fails the store for good: the attempt restarts with a new one).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -227,13 +228,22 @@ impl StateStore {
     }
 
     /// Finishes a bulk load in progress: after it, every restored entry is in `data`.
+    /// A load that failed stays in place and fails every later call: the store then lacks
+    /// restored state, and nothing may read or write it as if it did not.
     fn settle(&self) -> Result<(), StoreError> {
-        let taken = self.bulk.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let Some(mut b) = taken else { return Ok(()) };
-        b.finish().map_err(|message| StoreError::BulkLoad { dir: self.dir.clone(), message })?;
+        let mut slot = self.bulk.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(b) = slot.as_mut() else { return Ok(()) };
+        let failed = |message: String| StoreError::BulkLoad { dir: self.dir.clone(), message };
+        b.finish().map_err(failed)?;
         // Loaded entries carry sequence number 0, which a read view taken at the keyspace's
         // instant sees only once a write moved it past 0.
-        self.meta.insert("bulk-loaded", []).map_err(self.io())
+        if let Err(e) = self.meta.insert("bulk-loaded", []) {
+            let why = format!("marking the load done: {e}");
+            *slot = Some(BulkLoad::failed(why.clone()));
+            return Err(failed(why));
+        }
+        *slot = None;
+        Ok(())
     }
 
     /// Writes pages, each decoded by `decode`, in one atomic batch (see [`apply`](Self::apply)).
@@ -336,7 +346,7 @@ impl StateStore {
         self.changes.forget(epoch).map_err(self.io())
     }
 
-    /// Bytes the store takes on disk.
+    /// Bytes the store takes on disk (a bulk load in progress counts once it is finished).
     pub fn disk_bytes(&self) -> u64 {
         self.keyspace.disk_space() + self.changes.disk_bytes()
     }
@@ -494,6 +504,23 @@ mod tests {
         assert!(s.bulk.get_mut().unwrap().is_none());
         let e = s.load(&[full(6, &[("nope", &[("k", "v")])])]).unwrap_err().to_string();
         assert!(e.contains("key group 6") && e.contains("nope"), "{e}");
+    }
+
+    /// A load that failed fails every later read, view and write of the store, not only the
+    /// first: the store lacks restored state.
+    #[test]
+    fn a_failed_bulk_load_fails_every_later_use_of_the_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = store(tmp.path());
+        s.load(&[full(1, &[("count", &[("a", "1")])])]).unwrap();
+        *s.bulk.get_mut().unwrap() = Some(BulkLoad::failed("no space left on device".into()));
+        for _ in 0..2 {
+            let e = s.read(&[(1, b"a")]).unwrap_err().to_string();
+            assert!(e.contains("loading the restored state failed: no space left"), "{e}");
+            assert!(s.read_view().is_err());
+        }
+        assert!(s.apply(&[page(1, &[up("count", &[("a", Some("2"))])])], None).is_err());
+        assert!(s.load(&[full(2, &[("count", &[("b", "1")])])]).is_err());
     }
 
     #[test]
