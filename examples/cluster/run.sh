@@ -78,7 +78,7 @@ export AWS_ENDPOINT_URL="http://127.0.0.1:$s3_port" AWS_ALLOW_HTTP=true
 # The newest checkpoint the leader recorded in etcd (read through etcd's JSON gateway).
 recorded() {
     curl -sf "http://127.0.0.1:$etcd_port/v3/kv/range" \
-        -d "{\"key\": \"$(printf '/weir/example/checkpoint' | base64)\"}" |
+        -d "{\"key\": \"$(printf '/weir/example/checkpoint/wordcount-cluster' | base64)\"}" |
         python3 -c 'import sys, json, base64; kvs = json.load(sys.stdin).get("kvs", []); print(base64.b64decode(kvs[0]["value"]).decode() if kvs else "")'
 }
 

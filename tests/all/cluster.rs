@@ -73,13 +73,25 @@ fn coordinator_env(
     extra: &[&str],
     env: &[(&'static str, String)],
 ) -> Coordinator {
+    coordinator_of(&[job], secret, workers, heartbeat_timeout_ms, extra, env)
+}
+
+/// A coordinator of the jobs of `jobs`.
+fn coordinator_of(
+    jobs: &[&Path],
+    secret: &Path,
+    workers: u32,
+    heartbeat_timeout_ms: u64,
+    extra: &[&str],
+    env: &[(&'static str, String)],
+) -> Coordinator {
     let mut child = weir()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .args(["coordinator", "--listen", "127.0.0.1:0", "--heartbeat-timeout-ms", &heartbeat_timeout_ms.to_string()])
         .args(extra)
         .args(["--workers", &workers.to_string(), "--secret-file"])
         .arg(secret)
-        .arg(job)
+        .args(jobs)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -315,6 +327,61 @@ fn cluster_sigkill_of_a_worker_restarts_the_job_on_the_remaining_slots_exactly_o
     let newest = listed.iter().rev().find_map(|l| l.status.as_ref().ok()).expect("a complete checkpoint");
     let files: Vec<&str> = newest.operators.iter().flat_map(|o| o.subtasks.iter().map(|s| s.file.as_str())).collect();
     assert!(!files.is_empty() && files.iter().all(|f| f.ends_with(".a2.state")), "{files:?}");
+}
+
+/// The workers a coordinator's log says attempt `attempt` of job `job` runs on.
+fn attempt_workers(log: &str, job: &str, nth: usize) -> Vec<String> {
+    let prefix = format!("job `{job}` attempt ");
+    let line = log.lines().filter(|l| l.contains(&prefix)).nth(nth).unwrap_or_else(|| panic!("{log}"));
+    let on = line.split(" subtasks on ").nth(1).unwrap_or_else(|| panic!("{line}"));
+    on.split(", ").map(|w| w.split(' ').next().unwrap().to_string()).collect()
+}
+
+/// Two jobs on one coordinator and five one-slot workers: each job's attempt runs on workers
+/// of its own; a worker of the first SIGKILLed after its first checkpoint restarts that job
+/// alone (on its remaining worker and the spare one), from its checkpoint; both commit
+/// exactly the failure-free output (the other ran one attempt throughout).
+#[test]
+fn cluster_two_jobs_share_the_workers_and_a_worker_kill_restarts_only_its_job() {
+    let dir = scratch();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let mut expected = Vec::new();
+    let mut jobs = Vec::new();
+    for (i, (d, name)) in [(&a, "wc-two-a"), (&b, "wc-two-b")].into_iter().enumerate() {
+        std::fs::create_dir_all(d).unwrap();
+        expected.push(write_input(&d.join("input.txt"), 200_000, 40 + i as u64));
+        jobs.push(job_into(d, name, "type = \"file\"\npath = \"out\""));
+    }
+    let store = CheckpointStore::new(&a.join("checkpoints"), "wc-two-a");
+    let secret = secret(dir.path());
+    let mut c = coordinator_of(&[&jobs[0], &jobs[1]], &secret, 5, 10_000, &[], &[]);
+    let mut procs = Procs::default();
+    let mut children = Vec::new();
+    for w in ["w1", "w2", "w3", "w4", "w5"] {
+        children.push((w, worker(&c, &secret, w, 1, dir.path())));
+    }
+    first_checkpoint(&mut c, &store);
+    let log = c.log.lock().unwrap().clone();
+    let (on_a, on_b) = (attempt_workers(&log, "wc-two-a", 0), attempt_workers(&log, "wc-two-b", 0));
+    assert!(on_a.len() == 2 && on_b.len() == 2, "{log}");
+    assert!(on_a.iter().all(|w| !on_b.contains(w)), "each worker runs one job's part: {on_a:?} {on_b:?}");
+    let victim = children.iter().position(|(w, _)| *w == on_a[0]).unwrap();
+    let (_, mut killed) = children.remove(victim);
+    killed.kill().unwrap(); // SIGKILL
+    killed.wait().unwrap();
+    procs.0.extend(children.into_iter().map(|(_, c)| c));
+    let log = finish(&mut c);
+    let again = attempt_workers(&log, "wc-two-a", 1);
+    assert!(!again.contains(&on_a[0]), "{again:?}\n{log}");
+    assert!(log.contains("restoring job `wc-two-a` from checkpoint"), "{log}");
+    assert!(log.contains("job `wc-two-a` finished") && log.contains("(2 attempt(s)"), "{log}");
+    let b_end = log.lines().find(|l| l.contains("job `wc-two-b` finished")).unwrap_or_else(|| panic!("{log}"));
+    assert!(b_end.contains("(1 attempt(s)"), "the other job ran on: {b_end}");
+    for (d, want) in [&a, &b].into_iter().zip(&expected) {
+        let got = committed_lines(&d.join("out"));
+        assert_eq!(got.len(), want.len(), "line count of {}", d.display());
+        assert!(&got == want, "committed output of {} differs from the failure-free output", d.display());
+    }
 }
 
 /// Runs `job` on a coordinator and two one-slot workers until `store` holds a complete

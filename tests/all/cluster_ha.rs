@@ -146,7 +146,7 @@ fn setup(name: &str, seed: u64) -> Setup {
     // The event the test controls: a checkpoint the leader recorded in etcd (published and
     // announced), not merely one whose manifest exists.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while etcd.get("/weir/ha/checkpoint").is_none() {
+    while etcd.get(&format!("/weir/ha/checkpoint/{name}")).is_none() {
         assert!(
             c1.0.try_wait().unwrap().is_none(),
             "the leader ended before its first checkpoint:\n{}",
@@ -269,7 +269,7 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
     let (mut c, procs) = start("a");
     let deadline = Instant::now() + Duration::from_secs(120);
     let recorded = loop {
-        if let Some(chk) = etcd.get("/weir/ha/checkpoint") {
+        if let Some(chk) = etcd.get(&format!("/weir/ha/checkpoint/{name}")) {
             break chk;
         }
         assert!(
@@ -302,7 +302,7 @@ fn cluster_ha_the_whole_cluster_stopped_and_started_again_resumes_from_its_check
     c.0.wait().unwrap();
     drop(procs); // SIGKILL of every worker
     std::fs::remove_dir_all(dir.path().join("staging")).unwrap();
-    let taken = etcd.get("/weir/ha/checkpoint").unwrap(); // newer than `recorded`, maybe
+    let taken = etcd.get(&format!("/weir/ha/checkpoint/{name}")).unwrap(); // newer than `recorded`, maybe
 
     let (mut c, procs) = start("b");
     let code = exit_code(&mut c.0, &c.1);
@@ -403,7 +403,7 @@ fn cluster_ha_a_job_stopped_with_a_savepoint_is_not_run_again_by_the_standby() {
     procs.0.push(worker(&list, &secret, "w1", dir.path()));
     procs.0.push(worker(&list, &secret, "w2", dir.path()));
     let deadline = Instant::now() + Duration::from_secs(120);
-    while etcd.get("/weir/ha/checkpoint").is_none() {
+    while etcd.get(&format!("/weir/ha/checkpoint/{name}")).is_none() {
         assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c1.1.lock().unwrap());
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -411,7 +411,7 @@ fn cluster_ha_a_job_stopped_with_a_savepoint_is_not_run_again_by_the_standby() {
     let out = crate::cluster::cli(&["stop", name, "--savepoint", sp.to_str().unwrap()]);
     assert!(out.contains("stopped with savepoint"), "{out}");
     assert_eq!(exit_code(&mut c1.0, &c1.1), 0, "{}", c1.1.lock().unwrap());
-    assert!(etcd.get("/weir/ha/finished").is_some(), "the stop is recorded in etcd");
+    assert!(etcd.get(&format!("/weir/ha/finished/{name}")).is_some(), "the stop is recorded in etcd");
     assert_eq!(exit_code(&mut c2.0, &c2.1), 0, "{}", c2.1.lock().unwrap());
     let log = c2.1.lock().unwrap().clone();
     assert!(log.contains("already run to its end") && !log.contains("restoring job"), "{log}");

@@ -194,8 +194,10 @@ enum Command {
     /// slots, checkpoint it, and restart it from its newest checkpoint when a worker is lost
     /// (see README, "Cluster").
     Coordinator {
-        /// The job file.
-        job: PathBuf,
+        /// The job files: every job runs on the same workers, each placed into the workers
+        /// free for it (a worker runs one job's part at a time) and restarting on its own.
+        #[arg(required = true, num_args = 1..)]
+        jobs: Vec<PathBuf>,
         /// Address workers connect to (printed as `listening on ADDR`).
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
@@ -456,7 +458,7 @@ fn real_main(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Coordinator {
-            job,
+            jobs,
             listen,
             advertise,
             secret_file,
@@ -505,7 +507,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     );
                 }
             }
-            run_coordinator(&job, cfg, ha.zip(advertise), restore, allow_non_restored_state, &api)
+            run_coordinator(&jobs, cfg, ha.zip(advertise), restore, allow_non_restored_state, &api)
         }
         Command::Worker { coordinator, etcd, cluster, advertise, slots, listen, secret_file, name, dir, tls } => {
             let name = name.unwrap_or_else(|| format!("worker-{}", std::process::id()));
@@ -885,11 +887,11 @@ fn client(server: &Option<Remote>, job: &str) -> Result<(Client, String)> {
     Ok((Client::new(&e.addr, &e.token), e.job))
 }
 
-/// A job's control API on this process, registered so `weir list`/`savepoint`/`stop`/...
+/// The control API of this process's jobs, each registered so `weir list`/`savepoint`/`stop`/...
 /// find it by the job's name; unregistered when dropped.
 struct JobApi {
     server: weir::api::server::ApiServer,
-    registered: PathBuf,
+    registered: Vec<PathBuf>,
 }
 
 impl JobApi {
@@ -899,20 +901,48 @@ impl JobApi {
         engine: &wasmtime::Engine,
         addr: &str,
     ) -> Result<(JobApi, weir::runtime::handle::Endpoint)> {
-        let name = bound.graph.name.clone();
-        let (handle, endpoint) = JobHandle::new(&name);
+        let (api, mut endpoints) = JobApi::start_many(&[bound], engine, addr)?;
+        Ok((api, endpoints.pop().expect("one job")))
+    }
+
+    /// Serves the API of every job of `bound` on `addr` (one server, one token); each job's
+    /// end of it, in the same order.
+    fn start_many(
+        bound: &[&job::bind::BoundJob],
+        engine: &wasmtime::Engine,
+        addr: &str,
+    ) -> Result<(JobApi, Vec<weir::runtime::handle::Endpoint>)> {
         let token = registry::new_token();
         let api_state = Api::new(token.clone(), engine.clone());
-        api_state.add_job(
-            &name,
-            ServedJob { handle, checkpoint_root: bound.graph.checkpoint.as_ref().map(|c| c.dir.join(&name)) },
-        );
+        let mut endpoints = Vec::new();
+        for b in bound {
+            let name = b.graph.name.clone();
+            let (handle, endpoint) = JobHandle::new(&name);
+            let checkpoint_root = b.graph.checkpoint.as_ref().map(|c| c.dir.join(&name));
+            api_state.add_job(&name, ServedJob { handle, checkpoint_root });
+            endpoints.push(endpoint);
+        }
         let server = api_state.serve(addr).with_context(|| format!("cannot listen on {addr} for the control API"))?;
+        let mut api = JobApi { server, registered: Vec::new() };
+        for b in bound {
+            api.register(&b.graph.name, &token)?;
+        }
+        Ok((api, endpoints))
+    }
+
+    fn register(&mut self, name: &str, token: &str) -> Result<()> {
         let pid = std::process::id();
-        let entry =
-            registry::Entry { key: String::new(), job: name.clone(), addr: server.addr.to_string(), token, pid };
+        let addr = self.server.addr;
+        let entry = registry::Entry {
+            key: String::new(),
+            job: name.to_string(),
+            addr: addr.to_string(),
+            token: token.to_string(),
+            pid,
+        };
         let (entry, registered) = registry::register(&entry)
             .with_context(|| format!("registering job `{name}` in {}", registry::home().display()))?;
+        self.registered.push(registered.clone());
         if entry.key != name {
             tracing::warn!(
                 job = %name,
@@ -921,22 +951,24 @@ impl JobApi {
                 entry.key
             );
         }
-        tracing::info!(job = %entry.key, "control API for job `{}` at http://{} (see {})", entry.key, server.addr, registered.display());
+        tracing::info!(job = %entry.key, "control API for job `{}` at http://{addr} (see {})", entry.key, registered.display());
         if json_log() {
             // A log may be shipped anywhere: no secret in it (the token is in the registry file).
-            tracing::info!(job = %entry.key, "dashboard: http://{}/ui/ (token in {})", server.addr, registered.display());
+            tracing::info!(job = %entry.key, "dashboard: http://{addr}/ui/ (token in {})", registered.display());
         } else {
             // The token is in the fragment, which the browser never sends; the page drops it
             // from the address bar. (Loopback, the user's own terminal: as Jupyter does.)
-            eprintln!("dashboard: http://{}/ui/#token={}", server.addr, entry.token);
+            eprintln!("dashboard: http://{addr}/ui/#token={}", entry.token);
         }
-        Ok((JobApi { server, registered }, endpoint))
+        Ok(())
     }
 }
 
 impl Drop for JobApi {
     fn drop(&mut self) {
-        registry::unregister(&self.registered, std::process::id());
+        for r in &self.registered {
+            registry::unregister(r, std::process::id());
+        }
         tracing::debug!("control API at {} closed", self.server.addr);
     }
 }
@@ -952,82 +984,184 @@ fn advertised(listen: std::net::SocketAddr) -> Result<String> {
     Ok(listen.to_string())
 }
 
+/// A job file given to `weir coordinator`, or stored in etcd.
+struct ClusterJob {
+    source: weir::cluster::coordinator::JobSource,
+    name: String,
+    restore: Option<String>,
+}
+
+/// Reads and parses the job files given to `weir coordinator` (names must differ).
+fn given_jobs(jobs: &[PathBuf], restore: &Option<String>) -> Result<Vec<ClusterJob>> {
+    let mut given: Vec<ClusterJob> = Vec::new();
+    for path in jobs {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let name = job::parse(path, &text)?.name;
+        if let Some(other) = given.iter().find(|g| g.name == name) {
+            anyhow::bail!(
+                "{} and {} both name their job `{name}`; a cluster runs one job of a name (rename one)",
+                other.source.path.display(),
+                path.display()
+            );
+        }
+        let source = weir::cluster::coordinator::JobSource { path: path.clone(), text };
+        given.push(ClusterJob { source, name, restore: restore.clone() });
+    }
+    if given.len() > 1 && restore.as_deref().is_some_and(|r| r != "latest") {
+        anyhow::bail!(
+            "--restore {} names one checkpoint but {} jobs are given; give --restore latest (each job resumes from its \
+             own newest checkpoint) or run that job alone",
+            restore.as_deref().unwrap_or_default(),
+            given.len()
+        );
+    }
+    Ok(given)
+}
+
+/// With a leader: the cluster's jobs are those stored in etcd that have not run to their end
+/// (each resuming from its newest recorded checkpoint), and the given ones etcd does not know
+/// yet (stored now). A given job etcd knows is run as stored.
+fn leader_jobs(l: &weir::cluster::ha::Leadership, given: Vec<ClusterJob>) -> Result<Vec<ClusterJob>> {
+    use weir::cluster::ha::StoredJob;
+    let stored = l.jobs()?;
+    let mut runs = Vec::new();
+    for s in &stored {
+        if let Some(g) = given.iter().find(|g| g.name == s.name)
+            && g.source.text != s.text
+        {
+            tracing::warn!(
+                "the cluster already runs job `{}` of {} (stored in etcd); {} is ignored",
+                s.name,
+                s.path.display(),
+                g.source.path.display()
+            );
+        }
+        if l.finished(&s.name)? {
+            println!("job `{}` has already run to its end; nothing to do for it", s.name);
+            continue;
+        }
+        let restore = given.iter().find(|g| g.name == s.name).and_then(|g| g.restore.clone());
+        let source = weir::cluster::coordinator::JobSource { path: s.path.clone(), text: s.text.clone() };
+        runs.push(ClusterJob { source, name: s.name.clone(), restore });
+    }
+    for g in given {
+        if stored.iter().any(|s| s.name == g.name) {
+            continue;
+        }
+        // etcd knows no such job: it is new, or etcd lost its data. Checked before the job
+        // is stored, so a refusal stays a refusal on restart.
+        if g.restore.is_none() {
+            refuse_checkpoints_etcd_does_not_know(&job::parse(&g.source.path, &g.source.text)?)?;
+        }
+        l.store_job(&StoredJob { name: g.name.clone(), path: g.source.path.clone(), text: g.source.text.clone() })?;
+        runs.push(g);
+    }
+    for r in &mut runs {
+        if let Some(chk) = l.checkpoint(&r.name)? {
+            tracing::info!(job = %r.name, "job `{}`: taking over from checkpoint {}", r.name, chk.display());
+            r.restore = Some(chk.to_string_lossy().into_owned());
+        }
+    }
+    Ok(runs)
+}
+
 /// `weir coordinator`: with `ha` (and the address it advertises), first becomes its cluster's
-/// leader and takes the job and its newest checkpoint from etcd (storing the job file given
-/// here if etcd has none).
+/// leader and takes the cluster's jobs and their newest checkpoints from etcd (storing the
+/// job files given here that etcd does not know). Runs every job on the same workers, each
+/// restarting on its own; fails if one of them fails.
 fn run_coordinator(
-    job: &std::path::Path,
+    jobs: &[PathBuf],
     mut cfg: weir::cluster::coordinator::CoordinatorConfig,
     ha: Option<(weir::cluster::ha::HaConfig, String)>,
-    mut restore: Option<String>,
+    restore: Option<String>,
     allow_non_restored_state: bool,
     api: &str,
 ) -> Result<()> {
-    use weir::cluster::ha::{Leadership, StoredJob};
-    let text = std::fs::read_to_string(job).with_context(|| format!("reading {}", job.display()))?;
-    let mut source = weir::cluster::coordinator::JobSource { path: job.to_path_buf(), text };
+    use weir::cluster::ha::Leadership;
+    let given = given_jobs(jobs, &restore)?;
     let leader = match ha {
         Some((h, advertise)) => Some(std::sync::Arc::new(Leadership::campaign(h, &advertise)?)),
         None => None,
     };
-    if let Some(l) = &leader {
-        if l.finished()? {
-            println!("the cluster's job has already run to its end; nothing to do");
-            return Ok(());
+    let runs = match &leader {
+        Some(l) => {
+            cfg.epoch = l.epoch();
+            leader_jobs(l, given)?
         }
-        match l.job()? {
-            Some(stored) => {
-                if stored.text != source.text {
-                    tracing::warn!(
-                        "the cluster already runs the job of {} (stored in etcd); {} is ignored",
-                        stored.path.display(),
-                        job.display()
-                    );
-                }
-                source = weir::cluster::coordinator::JobSource { path: stored.path, text: stored.text };
-            }
-            None => {
-                // etcd knows no job of this cluster: its first leader, or etcd lost its data.
-                // Checked before the job is stored, so a refusal stays a refusal on restart.
-                if restore.is_none() {
-                    refuse_checkpoints_etcd_does_not_know(&job::parse(&source.path, &source.text)?)?;
-                }
-                l.store_job(&StoredJob { path: source.path.clone(), text: source.text.clone() })?
-            }
-        }
-        if let Some(chk) = l.checkpoint()? {
-            tracing::info!("taking over from checkpoint {}", chk.display());
-            restore = Some(chk.to_string_lossy().into_owned());
-        }
-        cfg.epoch = l.epoch();
+        None => given,
+    };
+    if runs.is_empty() {
+        println!("every job of the cluster has already run to its end; nothing to do");
+        return Ok(());
     }
-    let graph = job::parse(&source.path, &source.text)?;
     let engine = new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
-    let bound = job::bind::bind(&engine, graph)?;
-    // The job's API is registered before the readiness line below, so whoever waits for
-    // that line finds the job with `weir query`/`stop`/... at once.
-    let (api, endpoint) = JobApi::start(&bound, &engine, api)?;
+    let mut bound = Vec::new();
+    for r in &runs {
+        bound.push(job::bind::bind(&engine, job::parse(&r.source.path, &r.source.text)?)?);
+    }
+    // The jobs' API is registered before the readiness line below, so whoever waits for that
+    // line finds each job with `weir query`/`stop`/... at once.
+    let (api, endpoints) = JobApi::start_many(&bound.iter().collect::<Vec<_>>(), &engine, api)?;
     let listen = cfg.listen;
-    let mut cluster = weir::cluster::coordinator::Cluster::start(cfg)
-        .with_context(|| format!("cannot listen on {listen} for workers"))?;
-    println!("listening on {}", cluster.addr());
+    let hub = weir::cluster::hub::Hub::start(cfg).with_context(|| format!("cannot listen on {listen} for workers"))?;
+    println!("listening on {}", hub.addr());
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = runs
+            .iter()
+            .zip(&bound)
+            .zip(endpoints)
+            .map(|((r, b), endpoint)| {
+                let (hub, leader) = (&hub, leader.clone());
+                scope.spawn(move || run_on_cluster(hub, leader, b, r, allow_non_restored_state, endpoint))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the job's thread panicked"))))
+            .collect()
+    });
+    drop(api);
+    let mut failed: Vec<(String, anyhow::Error)> =
+        runs.iter().zip(results).filter_map(|(r, res)| res.err().map(|e| (r.name.clone(), e))).collect();
+    match failed.len() {
+        0 => Ok(()),
+        1 if runs.len() == 1 => Err(failed.pop().expect("one").1),
+        n => {
+            for (name, e) in &failed {
+                tracing::error!(job = %name, "job `{name}` failed: {e:#}");
+            }
+            let names: Vec<String> = failed.iter().map(|(n, _)| format!("`{n}`")).collect();
+            anyhow::bail!("{n} of {} jobs failed: {} (their errors are above)", runs.len(), names.join(", "))
+        }
+    }
+}
+
+/// Runs one job of the coordinator on the workers of `hub`.
+fn run_on_cluster(
+    hub: &std::sync::Arc<weir::cluster::hub::Hub>,
+    leader: Option<std::sync::Arc<weir::cluster::ha::Leadership>>,
+    bound: &job::bind::BoundJob,
+    r: &ClusterJob,
+    allow_non_restored_state: bool,
+    endpoint: weir::runtime::handle::Endpoint,
+) -> Result<()> {
     let gate = leader.clone().map(|l| {
-        let ended = l.clone();
+        let (ended, name, end_name) = (l.clone(), r.name.clone(), r.name.clone());
         weir::runtime::driver::PublishGate {
             publish: std::sync::Arc::new(move |_, path: &std::path::Path| {
-                l.record_checkpoint(path);
+                l.record_checkpoint(&name, path);
                 Ok(())
             }),
-            stopped: std::sync::Arc::new(move || ended.mark_finished()),
+            stopped: std::sync::Arc::new(move || ended.mark_finished(&end_name)),
         }
     });
+    let mut cluster = weir::cluster::coordinator::Cluster::on(hub);
     let mut run = |b: &job::bind::BoundJob, o: &RunOptions| {
         let o = RunOptions { gate: gate.clone(), ..o.clone() };
-        cluster.run(b, &source, &o)
+        cluster.run(b, &r.source, &o)
     };
-    let ran =
-        run_job(&bound, 0.0, false, restore, None, allow_non_restored_state, Some(endpoint), None, Some(&mut run));
-    drop(api);
+    let restore = r.restore.clone();
+    let ran = run_job(bound, 0.0, false, restore, None, allow_non_restored_state, Some(endpoint), None, Some(&mut run));
     // Finished, stopped with a savepoint or cancelled: a coordinator elected later must not
     // run it again (a stopped job resumes from its savepoint as a new job).
     let cancelled = ran.as_ref().err().and_then(|e| e.downcast_ref::<weir::runtime::error::RunError>());
@@ -1035,13 +1169,13 @@ fn run_coordinator(
     if let Some(l) = &leader
         && (ran.is_ok() || cancelled)
     {
-        l.mark_finished();
+        l.mark_finished(&r.name);
     }
     ran
 }
 
-/// A first leader (etcd holds no job of its cluster) given no `--restore` would start the job
-/// from the beginning, clearing its committed output. If the job's checkpoint store holds a
+/// A leader given a job etcd does not hold yet (and no `--restore`) would start it from the
+/// beginning, clearing its committed output. If the job's checkpoint store holds a
 /// complete checkpoint, etcd lost what it knew (reset, wiped, a new etcd) or another cluster
 /// wrote there: the leader stops, naming the checkpoint and how to go on, instead. (A leader
 /// that dies between publishing its first checkpoint and recording it in etcd leaves the job

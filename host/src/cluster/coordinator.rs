@@ -4,6 +4,9 @@
 //! and checkpointed by the same checkpoint coordinator and restart loop as in one process
 //! (`runtime/driver.rs`, `runtime/executor.rs`): triggers and acks cross the network.
 //!
+//! The workers' connections are the coordinator's [`Hub`] (`hub.rs`), shared by the jobs it
+//! runs: each job ([`Cluster`]) places its attempts into the workers free for it or its own.
+//!
 //! Invariants: an attempt fails as soon as one of its workers is lost (connection closed, or
 //! no message within the heartbeat timeout: the connection is then closed, so a paused worker
 //! that wakes up finds itself cut off and cancels its subtasks); the other workers are
@@ -11,7 +14,7 @@
 //! old one's channels, acks and part ends; a worker's registration is refused if its protocol
 //! differs.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,15 +23,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::checkpoint::subset::Subset;
-use crate::cluster::pipe::{self, Incoming, PipeTx};
-use crate::cluster::protocol::{
-    AttemptNo, Deploy, NodeProgress, ToCoordinator, ToWorker, WireControl, WireFailure, attempt_base,
-};
+use crate::cluster::hub::{Armed, Hub, JobLink, Note, Placed};
+use crate::cluster::pipe::PipeTx;
+use crate::cluster::protocol::{AttemptNo, Deploy, NodeProgress, ToCoordinator, ToWorker, WireControl, WireFailure};
 use crate::cluster::queries::PendingQueries;
-use crate::cluster::roster::Roster;
 use crate::cluster::round::{Action, Fault, Outcome, Round};
 use crate::graph::physical::PhysicalPlan;
-use crate::graph::placement::Placement;
 use crate::ids::{CheckpointId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
 use crate::operator::OperatorFactory;
@@ -76,74 +76,34 @@ pub struct JobSource {
     pub text: String,
 }
 
-/// A member's connection and what it has been sent.
-struct WorkerConn {
-    name: String,
-    data_addr: SocketAddr,
-    tx: PipeTx<ToWorker>,
-    shipped: HashSet<String>,
-}
-
-impl WorkerConn {
-    fn label(&self) -> String {
-        format!("{} ({})", self.name, self.data_addr)
-    }
-}
-
-/// What the attempt loop hears from the cluster.
-enum Note {
-    Message(u64, ToCoordinator),
-    Lost(u64),
-}
-
-/// The coordinator's view of its workers: the shell around [`Roster`] and [`Round`].
+/// One job's attempts on the cluster's workers: the shell around [`Round`], over the
+/// coordinator's [`Hub`] (shared with its other jobs).
 pub struct Cluster {
     cfg: CoordinatorConfig,
-    addr: SocketAddr,
-    inbox: Receiver<(u64, Incoming<ToCoordinator, ToWorker>)>,
-    pending: BTreeMap<u64, PipeTx<ToWorker>>,
-    roster: Roster,
-    conns: BTreeMap<u64, WorkerConn>,
-    notes: VecDeque<Note>,
-    next_attempt: AttemptNo,
+    link: JobLink,
     clock: Instant,
-    /// State queries sent to workers of the current attempt.
-    queries: Arc<Mutex<PendingQueries>>,
-    /// The current attempt's forwarder hears of armed upgrades here.
-    armed: Option<Sender<(u64, AttemptNo, u64, CheckpointId)>>,
+    /// Whether an attempt was placed (the first waits for `min_workers`).
+    placed: bool,
 }
 
 impl Cluster {
-    /// Listens for workers.
+    /// Listens for workers, for one job.
     pub fn start(cfg: CoordinatorConfig) -> std::io::Result<Cluster> {
-        let (tx, inbox) = unbounded();
-        let addr = pipe::listen(cfg.listen, &cfg.secret, cfg.tls.clone(), tx)?;
-        Ok(Cluster {
-            addr,
-            inbox,
-            pending: BTreeMap::new(),
-            roster: Roster::new(cfg.heartbeat_timeout.as_millis() as u64),
-            conns: BTreeMap::new(),
-            notes: VecDeque::new(),
-            next_attempt: attempt_base(cfg.epoch),
-            clock: Instant::now(),
-            queries: Arc::default(),
-            armed: None,
-            cfg,
-        })
+        Ok(Cluster::on(&Hub::start(cfg)?))
+    }
+
+    /// A job on the workers of `hub`.
+    pub fn on(hub: &Arc<Hub>) -> Cluster {
+        Cluster { cfg: hub.config().clone(), link: hub.join(), clock: Instant::now(), placed: false }
     }
 
     /// Where workers connect.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.link.hub().addr()
     }
 
     fn now(&self) -> u64 {
         self.clock.elapsed().as_millis() as u64
-    }
-
-    fn label(&self, id: u64) -> String {
-        self.conns.get(&id).map_or_else(|| format!("#{id}"), WorkerConn::label)
     }
 
     /// Runs `job` on the cluster's workers until it finishes, restarting after failures as
@@ -155,94 +115,26 @@ impl Cluster {
         run_deployed(job, opts, &sinks, &mut |a| self.run_attempt(a, source))
     }
 
-    /// Waits up to `timeout` for news from the workers; handles registrations and heartbeats
-    /// itself.
+    /// Waits for news from the workers about this job.
     fn poll(&mut self, timeout: Duration) -> Option<Note> {
-        if let Some(n) = self.notes.pop_front() {
-            return Some(n);
-        }
-        let mut next = self.inbox.recv_timeout(timeout).map_err(|_| ());
-        // Everything already queued counts before anyone is judged silent (the coordinator
-        // may have slept through a restart delay meanwhile).
-        while let Ok((id, incoming)) = next {
-            match incoming {
-                Incoming::Opened(tx) => {
-                    self.pending.insert(id, tx);
-                }
-                Incoming::Message(m) => self.message(id, m),
-                Incoming::Closed => {
-                    self.pending.remove(&id);
-                    if self.roster.remove(id) {
-                        tracing::warn!("worker {} is gone (its connection closed)", self.label(id));
-                        self.conns.remove(&id);
-                        self.notes.push_back(Note::Lost(id));
-                    }
-                }
-            }
-            next = self.inbox.try_recv().map_err(|_| ());
-        }
-        for id in self.roster.silent(self.now()) {
-            tracing::warn!(
-                "worker {} sent nothing for {} ms (heartbeat timeout); dropping it",
-                self.label(id),
-                self.cfg.heartbeat_timeout.as_millis()
-            );
-            if let Some(w) = self.conns.remove(&id) {
-                w.tx.close();
-            }
-            self.notes.push_back(Note::Lost(id));
-        }
-        self.notes.pop_front()
+        self.link.poll(timeout)
     }
 
-    fn message(&mut self, id: u64, m: ToCoordinator) {
-        let now = self.now();
-        if self.roster.heard(id, now) {
-            if let ToCoordinator::QueryAnswer { query, answer } = m {
-                self.queries.lock().unwrap_or_else(|p| p.into_inner()).answer(id, query, answer);
-            } else if let ToCoordinator::UpgradeArmed { attempt, task, id: chk } = m {
-                if let Some(tx) = &self.armed {
-                    let _ = tx.send((id, attempt, task, chk));
-                }
-            } else if !matches!(m, ToCoordinator::Heartbeat) {
-                self.notes.push_back(Note::Message(id, m));
-            }
-            return;
-        }
-        let Some(tx) = self.pending.remove(&id) else { return };
-        let ToCoordinator::Register { name, data_addr, slots, protocol } = m else {
-            tx.close();
-            return;
-        };
-        if let Err(why) = self.roster.register(id, protocol, slots, now) {
-            tracing::warn!("refused worker `{name}` ({data_addr}): {why}");
-            let _ = tx.send(&ToWorker::Refused(why));
-            tx.close();
-            return;
-        }
-        let _ =
-            tx.send(&ToWorker::Welcome { heartbeat_ms: self.cfg.heartbeat.as_millis() as u64, epoch: self.cfg.epoch });
-        let (beat, every) = (tx.clone(), self.cfg.heartbeat);
-        // Until the connection is gone: the worker leaves a coordinator it no longer hears.
-        std::thread::spawn(move || {
-            while beat.send(&ToWorker::Heartbeat).is_ok() {
-                std::thread::sleep(every);
-            }
-        });
-        tracing::info!("worker `{name}` registered: {slots} slot(s), channels on {data_addr}");
-        self.conns.insert(id, WorkerConn { name, data_addr, tx, shipped: HashSet::new() });
-    }
-
-    /// Waits until the workers offer `needed` slots (or the job's user cancels it).
-    fn wait_for_slots(&mut self, job: &str, needed: u32, cancel: Option<&AtomicBool>) -> Result<(), RunError> {
+    /// Places the next attempt once the workers free for this job offer the slots it needs
+    /// (or the job's user cancels it).
+    fn place(&mut self, job: &str, plan: &PhysicalPlan, cancel: Option<&AtomicBool>) -> Result<Placed, RunError> {
+        let needed = plan.subtasks.iter().map(|s| s.subtask + 1).max().unwrap_or(0);
         let deadline = Instant::now() + self.cfg.slot_wait;
         let mut said = false;
-        let workers = if self.next_attempt == attempt_base(self.cfg.epoch) { self.cfg.min_workers } else { 0 };
+        let workers = if self.placed { 0 } else { self.cfg.min_workers };
         loop {
-            let have = self.roster.slots();
-            if have >= needed && self.roster.len() >= workers {
-                return Ok(());
-            }
+            let short = match self.link.place(plan, workers) {
+                Ok(p) => {
+                    self.placed = true;
+                    return Ok(p);
+                }
+                Err(short) => short,
+            };
             if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                 return Err(RunError::Cancelled { job: job.into() });
             }
@@ -250,19 +142,22 @@ impl Cluster {
                 return Err(RunError::Setup {
                     job: job.into(),
                     message: format!(
-                        "it needs {needed} slot(s) on at least {workers} worker(s) and the cluster offers {have} on \
-                         {} after waiting {} s; start more workers (`weir worker --coordinator {} --slots N`)",
-                        self.roster.len(),
+                        "it needs {needed} slot(s) on at least {workers} worker(s) and the cluster offers {} free for it \
+                         on {} worker(s) after waiting {} s; start more workers (`weir worker --coordinator {} --slots N`)",
+                        short.have,
+                        short.workers,
                         self.cfg.slot_wait.as_secs(),
-                        self.addr
+                        self.addr()
                     ),
                 });
             }
             if !said {
                 tracing::info!(
                     job = %job,
-                    "job `{job}` waits for {needed} slot(s) on at least {workers} worker(s); the cluster offers {have} on {}",
-                    self.roster.len()
+                    "job `{job}` waits for {needed} slot(s) on at least {workers} worker(s); the cluster offers {} free \
+                     for it on {} worker(s)",
+                    short.have,
+                    short.workers
                 );
                 said = true;
             }
@@ -278,21 +173,8 @@ impl Cluster {
             return Ok(end);
         }
         let plan = PhysicalPlan::of(g);
-        let needed = plan.subtasks.iter().map(|s| s.subtask + 1).max().unwrap_or(0);
         let cancel = a.opts.endpoint.as_ref().map(|e| e.cancel.clone());
-        self.wait_for_slots(&g.name, needed, cancel.as_deref())?;
-        let ids = self.roster.ids();
-        let slots: Vec<u32> = ids.iter().map(|&id| self.roster.slots_of(id)).collect();
-        let placement = Placement::spread(&plan, &slots)
-            .map_err(|e| RunError::Setup { job: g.name.clone(), message: e.to_string() })?;
-        // The attempt's workers, numbered as the deployment names them.
-        let used: Vec<usize> = (0..ids.len()).filter(|w| placement.worker_of.contains(w)).collect();
-        // Per global task: the index in `members` of the worker that runs it.
-        let worker_of: Vec<u32> =
-            placement.worker_of.iter().map(|w| used.iter().position(|u| u == w).expect("used") as u32).collect();
-        let attempt = self.next_attempt;
-        self.next_attempt += 1;
-        let members: Vec<u64> = used.iter().map(|&w| ids[w]).collect();
+        let Placed { attempt, members, worker_of, peers } = self.place(&g.name, &plan, cancel.as_deref())?;
         let components = self.ship_components(a, &members);
         for (i, &id) in members.iter().enumerate() {
             let d = Deploy {
@@ -306,12 +188,12 @@ impl Cluster {
                 allow_non_restored_state: a.opts.allow_non_restored_state,
                 restarts: a.attempt,
                 worker_of: worker_of.clone(),
-                peers: members.iter().map(|id| self.conns[id].data_addr).collect(),
+                peers: peers.clone(),
                 you: i as u32,
             };
-            let _ = self.conns[&id].tx.send(&ToWorker::Deploy(Box::new(d)));
+            self.link.send(id, &ToWorker::Deploy(Box::new(d)));
         }
-        let labels: BTreeMap<u64, String> = members.iter().map(|id| (*id, self.label(*id))).collect();
+        let labels: BTreeMap<u64, String> = members.iter().map(|id| (*id, self.link.label(*id))).collect();
         tracing::info!(
             job = %g.name,
             "job `{}` attempt {attempt}: {} subtasks on {}",
@@ -343,13 +225,7 @@ impl Cluster {
         for (&node, (factory, _)) in a.live.lock().unwrap().iter() {
             let OperatorFactory::Wasm(c) = factory else { continue };
             let digest = c.sha256.clone();
-            for id in members {
-                let w = self.conns.get_mut(id).expect("member");
-                if w.shipped.insert(digest.clone()) {
-                    let m = ToWorker::Component { digest: digest.clone(), bytes: c.bytes.to_vec() };
-                    let _ = w.tx.send(&m);
-                }
-            }
+            self.link.ship(members, &digest, &c.bytes);
             digests.insert(g.nodes[node].id.to_string(), digest);
         }
         digests
@@ -363,16 +239,12 @@ impl Cluster {
                 Action::Start => self.tell(round, ToWorker::Start(round.attempt())),
                 Action::Cancel => self.tell(round, ToWorker::Cancel(round.attempt())),
                 Action::Drop(id) => {
-                    self.roster.remove(id);
-                    if let Some(w) = self.conns.remove(&id) {
-                        let what = if round.is_started() {
-                            "did not stop its subtasks when cancelled"
-                        } else {
-                            "did not build its part of the attempt within the deploy timeout"
-                        };
-                        tracing::warn!("worker {} {what}; dropping it", w.label());
-                        w.tx.close();
-                    }
+                    let what = if round.is_started() {
+                        "did not stop its subtasks when cancelled"
+                    } else {
+                        "did not build its part of the attempt within the deploy timeout"
+                    };
+                    self.link.drop_worker(id, what);
                 }
                 Action::Over(o) => over = Some(o),
             }
@@ -381,10 +253,8 @@ impl Cluster {
     }
 
     fn tell(&self, round: &Round<WireFailure>, m: ToWorker) {
-        for id in round.members() {
-            if let Some(w) = self.conns.get(id) {
-                let _ = w.tx.send(&m);
-            }
+        for &id in round.members() {
+            self.link.send(id, &m);
         }
     }
 
@@ -455,15 +325,15 @@ impl Cluster {
                 for (si, &w) in run.worker_of.iter().enumerate() {
                     let member = run.members[w as usize];
                     let uid = g.nodes[run.plan.subtasks[si].node].id.to_string();
-                    routes.push(Route { member, uid, tx: self.conns.get(&member).map(|c| c.tx.clone()) });
+                    routes.push(Route { member, uid, tx: self.link.tx(member) });
                 }
                 let (controls, ordered) = unbounded::<(usize, Control)>();
                 let (armed_tx, armed) = unbounded();
-                self.armed = Some(armed_tx);
+                self.link.set_armed(Some(armed_tx));
                 let forward = Forward {
                     attempt: round.attempt(),
                     routes,
-                    queries: self.queries.clone(),
+                    queries: self.link.queries.clone(),
                     shipped: HashSet::new(),
                     arming: None,
                     held: Vec::new(),
@@ -502,16 +372,19 @@ impl Cluster {
         if let Some(Ok(shipped)) = forwarder.map(|f| f.join()) {
             // An upgrade's component is not shipped again to a worker that has it.
             for (member, digest) in shipped {
-                if let Some(w) = self.conns.get_mut(&member) {
-                    w.shipped.insert(digest);
-                }
+                self.link.shipped(member, digest);
             }
         }
         ended.store(true, Ordering::Relaxed);
         if let Some(r) = refuser {
             let _ = r.join();
         }
-        self.queries.lock().unwrap_or_else(|p| p.into_inner()).fail_all("the job's attempt ended before answering");
+        self.link
+            .queries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fail_all("the job's attempt ended before answering");
+        self.link.set_armed(None);
         let finished = matches!(coordinator_end, Some(Ok(crate::runtime::driver::DriverEnd::Finished(_))));
         if failures.is_empty() && !finished && user_cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             // Cancelled by its user: the parts stopped as told, and the job ends cancelled.
@@ -783,7 +656,7 @@ struct Forward {
     /// Held behind the upgrade's trigger, in order.
     held: Vec<(usize, Control)>,
     /// `(member, attempt, task, checkpoint)` of each `UpgradeArmed`.
-    armed: Receiver<(u64, AttemptNo, u64, CheckpointId)>,
+    armed: Receiver<Armed>,
     /// Set when the attempt is over.
     stop: Arc<AtomicBool>,
 }
@@ -821,7 +694,7 @@ impl Forward {
     }
 
     /// A worker's `UpgradeArmed`: once every subtask is armed, what was held goes out.
-    fn on_armed(&mut self, (member, attempt, task, id): (u64, AttemptNo, u64, CheckpointId)) {
+    fn on_armed(&mut self, (member, attempt, task, id): Armed) {
         let from_its_worker = self.routes.get(task as usize).is_some_and(|r| r.member == member);
         let Some((arming, waiting)) = self.arming.as_mut() else { return };
         if attempt != self.attempt || *arming != id || !from_its_worker {

@@ -1,12 +1,13 @@
 //! High availability of `weir coordinator` on etcd: coordinators of one cluster campaign in
 //! etcd's election service under a lease; the one elected leads, the others wait. The leader
-//! keeps the job it runs and the path of the job's newest complete checkpoint in etcd, so
-//! whichever coordinator is elected next resumes the job from there.
+//! keeps the jobs it runs and the path of each job's newest complete checkpoint in etcd, so
+//! whichever coordinator is elected next resumes every job from there.
 //!
 //! Keys, under `/weir/<cluster>/`: `leader` (the election; the leader's value is the address
-//! workers reach it at, which `weir worker --etcd` reads: `discovery.rs`), `job` (the job file: path and
-//! text, JSON), `checkpoint` (the newest complete checkpoint's path or `s3://` URL),
-//! `finished` (present once the job has run to its end).
+//! workers reach it at, which `weir worker --etcd` reads: `discovery.rs`), and per job (by its
+//! name) `jobs/<job>` (the job file: name, path and text, JSON), `checkpoint/<job>` (its newest
+//! complete checkpoint's path or `s3://` URL), `finished/<job>` (present once it has run to
+//! its end).
 //!
 //! Invariants: the leader's **epoch** is the create revision of its election key, so a later
 //! leader always has a higher one (attempt numbers and workers' fences build on it). Every
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::lease::{self, RecordResult, RecordStep};
@@ -80,9 +81,11 @@ pub enum HaError {
     Config(String),
 }
 
-/// The job a cluster runs, as stored in etcd.
+/// A job a cluster runs, as stored in etcd.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredJob {
+    /// The job's name (its key).
+    pub name: String,
     /// The job file's path.
     pub path: PathBuf,
     /// Its text.
@@ -214,32 +217,41 @@ impl Leadership {
         }
     }
 
-    /// The job stored for the cluster, if any.
-    pub fn job(&self) -> Result<Option<StoredJob>, HaError> {
-        self.get("job")?
-            .map(|b| {
-                serde_json::from_slice(&b)
-                    .map_err(|e| HaError::Corrupt { key: self.key("job"), message: e.to_string() })
+    /// The jobs stored for the cluster, by name.
+    pub fn jobs(&self) -> Result<Vec<StoredJob>, HaError> {
+        let mut c = self.client.clone();
+        let prefix = self.key("jobs/");
+        let r = io_runtime()
+            .block_on(within(Duration::from_secs(10), c.get(prefix.clone(), Some(GetOptions::new().with_prefix()))))
+            .map_err(|m| etcd_err(&self.cfg, &format!("reading {prefix}*"), m))?;
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                serde_json::from_slice(kv.value()).map_err(|e| HaError::Corrupt {
+                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                    message: e.to_string(),
+                })
             })
-            .transpose()
+            .collect()
     }
 
-    /// Stores the cluster's job.
+    /// Stores one of the cluster's jobs.
     pub fn store_job(&self, job: &StoredJob) -> Result<(), HaError> {
-        self.put("job", serde_json::to_vec(job).expect("serializable"))
+        self.put(&format!("jobs/{}", job.name), serde_json::to_vec(job).expect("serializable"))
     }
 
-    /// The newest complete checkpoint recorded, if any.
-    pub fn checkpoint(&self) -> Result<Option<PathBuf>, HaError> {
-        Ok(self.get("checkpoint")?.map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned())))
+    /// The newest complete checkpoint recorded for `job`, if any.
+    pub fn checkpoint(&self, job: &str) -> Result<Option<PathBuf>, HaError> {
+        let value = self.get(&format!("checkpoint/{job}"))?;
+        Ok(value.map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned())))
     }
 
-    /// Records `path` as the job's newest complete checkpoint. Returns only once it is
+    /// Records `path` as `job`'s newest complete checkpoint. Returns only once it is
     /// recorded: a refused write (deposed), or etcd not taking it before the lease's deadline,
     /// ends the process — the checkpoint is published already and must not be aborted.
-    pub fn record_checkpoint(&self, path: &Path) {
+    pub fn record_checkpoint(&self, job: &str, path: &Path) {
         let value = path.to_string_lossy().as_bytes().to_vec();
-        self.record("checkpoint", value, &format!("checkpoint {}", path.display()));
+        self.record(&format!("checkpoint/{job}"), value, &format!("checkpoint {} of job `{job}`", path.display()));
     }
 
     /// Stores `value` under `name`, retried while the lease lasts; exits the process if the
@@ -262,16 +274,16 @@ impl Leadership {
         }
     }
 
-    /// Whether the job has run to its end.
-    pub fn finished(&self) -> Result<bool, HaError> {
-        Ok(self.get("finished")?.is_some())
+    /// Whether `job` has run to its end.
+    pub fn finished(&self, job: &str) -> Result<bool, HaError> {
+        Ok(self.get(&format!("finished/{job}"))?.is_some())
     }
 
-    /// Records that the job is over (run to its end, stopped with a savepoint, or
-    /// cancelled), retried while the lease lasts: a leader that cannot record it exits, so
-    /// the next leader resumes the job rather than a user believing it is over.
-    pub fn mark_finished(&self) {
-        self.record("finished", b"1".to_vec(), "the job's end");
+    /// Records that `job` is over (run to its end, stopped with a savepoint, or cancelled),
+    /// retried while the lease lasts: a leader that cannot record it exits, so the next leader
+    /// resumes the job rather than a user believing it is over.
+    pub fn mark_finished(&self, job: &str) {
+        self.record(&format!("finished/{job}"), b"1".to_vec(), &format!("the end of job `{job}`"));
     }
 }
 

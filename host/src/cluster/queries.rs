@@ -27,6 +27,11 @@ pub struct PendingQueries {
 }
 
 impl PendingQueries {
+    /// No query waiting; the first one asked is numbered `base + 1`.
+    pub fn numbered_from(base: u64) -> PendingQueries {
+        PendingQueries { next: base, waiting: BTreeMap::new() }
+    }
+
     /// Keeps `reply` for a query sent to worker `member`; its number, or `None` (the caller
     /// was told why) when too many are in flight.
     pub fn ask(&mut self, member: u64, reply: Reply) -> Option<u64> {
