@@ -1111,8 +1111,15 @@ fn run_coordinator(
             .zip(&bound)
             .zip(endpoints)
             .map(|((r, b), endpoint)| {
-                let (hub, leader) = (&hub, leader.clone());
-                scope.spawn(move || run_on_cluster(hub, leader, b, r, allow_non_restored_state, endpoint))
+                let (hub, leader, many) = (&hub, leader.clone(), runs.len() > 1);
+                scope.spawn(move || {
+                    let ran = run_on_cluster(hub, leader, b, r, allow_non_restored_state, endpoint);
+                    // Said at once: the coordinator's other jobs may run on for days.
+                    if let (Err(e), true) = (&ran, many) {
+                        tracing::error!(job = %r.name, "job `{}` failed: {e:#}", r.name);
+                    }
+                    ran
+                })
             })
             .collect();
         threads
@@ -1127,9 +1134,6 @@ fn run_coordinator(
         0 => Ok(()),
         1 if runs.len() == 1 => Err(failed.pop().expect("one").1),
         n => {
-            for (name, e) in &failed {
-                tracing::error!(job = %name, "job `{name}` failed: {e:#}");
-            }
             let names: Vec<String> = failed.iter().map(|(n, _)| format!("`{n}`")).collect();
             anyhow::bail!("{n} of {} jobs failed: {} (their errors are above)", runs.len(), names.join(", "))
         }
@@ -1190,7 +1194,8 @@ fn refuse_checkpoints_etcd_does_not_know(graph: &weir::graph::logical::JobGraph)
         "etcd holds no checkpoint of job `{}`, but its checkpoint store holds complete checkpoint {id} at \
          {place}{ended}: etcd was reset or replaced, or another cluster wrote there. Starting from the \
          beginning would clear the job's committed output, so this coordinator stops. To resume from it, start \
-         the coordinators with --restore {place}; to start over, remove the job's checkpoints or give it \
+         the coordinators with --restore {place} (with several job files: --restore latest, each job from its \
+         newest checkpoint); to start over, remove the job's checkpoints or give it \
          another checkpoint directory",
         graph.name
     )

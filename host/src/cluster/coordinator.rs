@@ -142,10 +142,9 @@ impl Cluster {
                 return Err(RunError::Setup {
                     job: job.into(),
                     message: format!(
-                        "it needs {needed} slot(s) on at least {workers} worker(s) and the cluster offers {} free for it \
-                         on {} worker(s) after waiting {} s; start more workers (`weir worker --coordinator {} --slots N`)",
-                        short.have,
-                        short.workers,
+                        "it needs {needed} slot(s) on at least {workers} worker(s) and the cluster offers {} after \
+                         waiting {} s; start more workers (`weir worker --coordinator {} --slots N`)",
+                        short.offer(),
                         self.cfg.slot_wait.as_secs(),
                         self.addr()
                     ),
@@ -154,10 +153,8 @@ impl Cluster {
             if !said {
                 tracing::info!(
                     job = %job,
-                    "job `{job}` waits for {needed} slot(s) on at least {workers} worker(s); the cluster offers {} free \
-                     for it on {} worker(s)",
-                    short.have,
-                    short.workers
+                    "job `{job}` waits for {needed} slot(s) on at least {workers} worker(s); the cluster offers {}",
+                    short.offer()
                 );
                 said = true;
             }

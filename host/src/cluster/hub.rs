@@ -97,6 +97,19 @@ pub struct Short {
     pub have: u32,
     /// Workers registered.
     pub workers: usize,
+    /// Of those, the workers other jobs hold.
+    pub others: usize,
+}
+
+impl Short {
+    /// What the cluster offers the job, in words.
+    pub fn offer(&self) -> String {
+        let held = match self.others {
+            0 => String::new(),
+            n => format!("; {n} more held by the coordinator's other jobs"),
+        };
+        format!("{} slot(s) free for it on {} worker(s){held}", self.have, self.workers - self.others)
+    }
 }
 
 impl Hub {
@@ -230,8 +243,10 @@ fn route(s: &mut State, id: u64, m: ToCoordinator) {
         | ToCoordinator::LoopCounts { attempt, .. }
         | ToCoordinator::UpgradeArmed { attempt, .. } => *attempt,
     };
-    // Messages of attempts no job runs any more are dropped.
-    let Some(link) = s.leases.job_of(attempt).and_then(|j| s.links.get(&j)) else { return };
+    // Messages of attempts no job runs any more, or from a worker the attempt's job does not
+    // hold, are dropped.
+    let Some(job) = s.leases.job_of(attempt).filter(|&j| s.leases.holder(id) == Some(j)) else { return };
+    let Some(link) = s.links.get(&job) else { return };
     if let ToCoordinator::UpgradeArmed { attempt, task, id: chk } = m {
         if let Some(tx) = &link.armed {
             let _ = tx.send((id, attempt, task, chk));
@@ -288,11 +303,16 @@ impl JobLink {
         let mut s = self.hub.lock();
         let open = s.leases.open_to(self.key, &s.roster.ids());
         let slots: Vec<u32> = open.iter().map(|&id| s.roster.slots_of(id)).collect();
-        let short = Short { have: slots.iter().sum(), workers: s.roster.len() };
+        let short = Short { have: slots.iter().sum(), workers: s.roster.len(), others: s.roster.len() - open.len() };
+        // While it waits, what it held is free for the other jobs (its last attempt is over).
         if s.roster.len() < min_workers {
+            s.leases.idle(self.key);
             return Err(short);
         }
-        let Ok(placement) = Placement::spread(plan, &slots) else { return Err(short) };
+        let Ok(placement) = Placement::spread(plan, &slots) else {
+            s.leases.idle(self.key);
+            return Err(short);
+        };
         let used: Vec<usize> = (0..open.len()).filter(|w| placement.worker_of.contains(w)).collect();
         let worker_of: Vec<u32> =
             placement.worker_of.iter().map(|w| used.iter().position(|u| u == w).expect("used") as u32).collect();
@@ -363,6 +383,15 @@ impl Drop for JobLink {
     fn drop(&mut self) {
         let mut s = self.hub.lock();
         s.links.remove(&self.key);
+        // A job that ends mid-attempt (its thread failed) leaves nothing running on its
+        // workers: they cancel it (a no-op for an attempt that has ended).
+        if let (held, Some(attempt)) = s.leases.held_by(self.key) {
+            for id in held {
+                if let Some(w) = s.conns.get(&id) {
+                    let _ = w.tx.send(&ToWorker::Cancel(attempt));
+                }
+            }
+        }
         s.leases.release(self.key);
     }
 }

@@ -67,6 +67,18 @@ impl Leases {
         self.holder.remove(&w);
     }
 
+    /// `job`'s attempt is over and it could not place the next one: its workers are free for
+    /// other jobs meanwhile (its newest attempt stays routed; its round drops what comes).
+    pub fn idle(&mut self, job: JobKey) {
+        self.holder.retain(|_, h| *h != job);
+    }
+
+    /// The workers `job` holds, and its newest attempt.
+    pub fn held_by(&self, job: JobKey) -> (Vec<u64>, Option<AttemptNo>) {
+        let held = self.holder.iter().filter(|&(_, &h)| h == job).map(|(&w, _)| w).collect();
+        (held, self.current.get(&job).copied())
+    }
+
     /// `job` is over: its workers are free, its attempts no longer routed.
     pub fn release(&mut self, job: JobKey) {
         self.holder.retain(|_, h| *h != job);
@@ -117,5 +129,24 @@ mod tests {
         l.release(1);
         assert_eq!((l.held(), l.job_of(a)), (0, None));
         assert_eq!(l.open_to(2, &[1, 2]), vec![1, 2]);
+    }
+
+    #[test]
+    fn cluster_leases_a_job_short_of_workers_lends_its_own_to_the_others() {
+        // Two jobs each lost a worker and neither can place again on what it holds: the one that
+        // gives up its workers while it waits lets the other place.
+        let mut l = Leases::new(1);
+        let a = l.take(1, &[1, 2]);
+        l.take(2, &[3, 4]);
+        l.lost(2);
+        l.lost(4);
+        assert_eq!(l.held_by(1), (vec![1], Some(a)));
+        l.idle(1);
+        assert_eq!(l.held_by(1), (vec![], Some(a)));
+        assert_eq!(l.job_of(a), Some(1));
+        assert_eq!(l.open_to(2, &[1, 3]), vec![1, 3]);
+        let b = l.take(2, &[1, 3]);
+        assert_eq!((l.holder(1), l.holder(3), l.open_to(1, &[1, 3])), (Some(2), Some(2), vec![]));
+        assert!(b > a);
     }
 }
