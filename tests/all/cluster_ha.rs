@@ -1,5 +1,5 @@
 //! High availability of the coordinator on a real etcd: two `weir coordinator`s of one cluster
-//! elect a leader, the standby takes the job over from its newest checkpoint recorded in etcd
+//! elect a leader, the standby takes every job over from its newest checkpoint recorded in etcd
 //! when the leader is killed or paused, and a deposed leader that wakes up stops at once.
 //! The committed output must equal the failure-free output either way.
 
@@ -31,18 +31,18 @@ fn coordinator_env(
     etcd: &Etcd,
     env: &[(&str, String)],
 ) -> (Child, Arc<Mutex<String>>) {
-    coordinator_on(job, secret, &addr.to_string(), etcd, env)
+    coordinator_on(&[job], secret, &addr.to_string(), etcd, env)
 }
 
 /// A coordinator listening on every interface at `addr`'s port, advertising `addr` in etcd.
 fn coordinator_advertising(job: &Path, secret: &Path, addr: SocketAddr, etcd: &Etcd) -> (Child, Arc<Mutex<String>>) {
     let listen = format!("0.0.0.0:{} --advertise {addr}", addr.port());
-    coordinator_on(job, secret, &listen, etcd, &[])
+    coordinator_on(&[job], secret, &listen, etcd, &[])
 }
 
 /// `listen`: its --listen value, possibly followed by more arguments.
 fn coordinator_on(
-    job: &Path,
+    jobs: &[&Path],
     secret: &Path,
     listen: &str,
     etcd: &Etcd,
@@ -56,7 +56,7 @@ fn coordinator_on(
         .args(["--heartbeat-timeout-ms", "3000", "--workers", "2"])
         .args(["--etcd", etcd.endpoint(), "--cluster", "ha", "--lease-ttl-secs", "2", "--secret-file"])
         .arg(secret)
-        .arg(job)
+        .args(jobs)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -415,4 +415,55 @@ fn cluster_ha_a_job_stopped_with_a_savepoint_is_not_run_again_by_the_standby() {
     assert_eq!(exit_code(&mut c2.0, &c2.1), 0, "{}", c2.1.lock().unwrap());
     let log = c2.1.lock().unwrap().clone();
     assert!(log.contains("already run to its end") && !log.contains("restoring job"), "{log}");
+}
+
+#[test]
+fn cluster_ha_sigkill_of_a_leader_of_two_jobs_hands_both_to_the_standby_exactly_once() {
+    let etcd = Etcd::start();
+    let dir = scratch();
+    let names = ["wc-ha-two-a", "wc-ha-two-b"];
+    let mut jobs = Vec::new();
+    let mut expected = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        expected.push(write_input(&d.join("input.txt"), 600_000, 31 + i as u64));
+        jobs.push(job_into(&d, name, "type = \"file\"\npath = \"out\""));
+    }
+    let job_refs: Vec<&Path> = jobs.iter().map(|j| j.as_path()).collect();
+    let secret = secret(dir.path());
+    let (a, b) = (free_addr(), free_addr());
+    let mut c1 = coordinator_on(&job_refs, &secret, &a.to_string(), &etcd, &[]);
+    wait_for(&c1.1, "leading cluster `ha`");
+    let mut c2 = coordinator_on(&job_refs, &secret, &b.to_string(), &etcd, &[]);
+    wait_for(&c2.1, "standby: cluster `ha` is led by the coordinator at");
+    // Each job (p=2) holds two one-slot workers.
+    let mut procs = Procs::default();
+    for w in ["w1", "w2", "w3", "w4"] {
+        procs.0.push(worker_by_etcd(&etcd, &secret, w, dir.path()));
+    }
+    // The event the test controls: both jobs have a checkpoint recorded in etcd.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while names.iter().any(|n| etcd.get(&format!("/weir/ha/checkpoint/{n}")).is_none()) {
+        assert!(c1.0.try_wait().unwrap().is_none(), "the leader ended early:\n{}", c1.1.lock().unwrap());
+        assert!(Instant::now() < deadline, "no checkpoint of each job within 120 s:\n{}", c1.1.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for n in names {
+        assert!(etcd.get(&format!("/weir/ha/finished/{n}")).is_none(), "job `{n}` ended before the kill");
+    }
+    c1.0.kill().unwrap(); // SIGKILL
+    c1.0.wait().unwrap();
+    let code = exit_code(&mut c2.0, &c2.1);
+    let log = c2.1.lock().unwrap().clone();
+    assert_eq!(code, 0, "the standby failed:\n{log}");
+    for (i, n) in names.iter().enumerate() {
+        assert!(log.contains(&format!("job `{n}`: taking over from checkpoint")), "{log}");
+        assert!(log.contains(&format!("restoring job `{n}` from checkpoint")), "{log}");
+        assert!(etcd.get(&format!("/weir/ha/finished/{n}")).is_some(), "job `{n}`'s end is recorded");
+        let got = committed_lines(&dir.path().join(n).join("out"));
+        assert_eq!(got.len(), expected[i].len(), "job `{n}`: line count after the takeover");
+        assert!(got == expected[i], "job `{n}`: committed output differs from the failure-free output");
+    }
+    drop(procs);
 }
