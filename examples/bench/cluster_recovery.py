@@ -8,12 +8,13 @@ run by real `weir coordinator` / `weir worker` processes on loopback:
   worker of the running attempt; measures detection (kill -> "is gone" in the coordinator's
   log), redeployment (-> the next "attempt N:" line) and resumption (-> the next checkpoint
   completed by the restored attempt, an upper bound on its first processed record).
-* leader kill: two coordinators on etcd (lease TTL as given), three workers; once checkpoint 3
-  is recorded, SIGKILL the leader; measures election (kill -> "leading cluster" in the
-  standby's log), redeployment and resumption as above.
+* leader kill: two coordinators on etcd (lease TTL as given) running `--jobs N` copies of J1
+  (default 1), 2N + 1 workers; once each job's checkpoint 3 is complete, SIGKILL the leader;
+  measures election (kill -> "leading cluster" in the standby's log), redeployment of every
+  job and resumption of every job as above (the slowest job's time).
 
   python3 examples/bench/cluster_recovery.py target/release/weir [--runs 3] [--lease-ttl 2]
-      [--restart-delay-ms 1000]
+      [--restart-delay-ms 1000] [--jobs 1]
 
 Needs the wordcount_counter component built (cargo build --profile guest --target
 wasm32-unknown-unknown -p wordcount-counter) and, for the leader kill, `etcd` on the PATH.
@@ -101,11 +102,12 @@ def wait_checkpoint(d, newer_than, timeout=120):
 RESTART_DELAY_MS = 1000
 
 
-def job_file(d):
+def job_file(d, name="j1-recovery"):
+    os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "job.toml")
     with open(path, "w") as f:
         f.write(f"""[job]
-name = "j1-recovery"
+name = "{name}"
 max_parallelism = 128
 
 [checkpoint]
@@ -178,7 +180,7 @@ def worker_kill(weir):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def leader_kill(weir, ttl):
+def leader_kill(weir, ttl, jobs=1):
     d = tempfile.mkdtemp(prefix="weir-recovery-")
     procs = {}
     try:
@@ -192,26 +194,29 @@ def leader_kill(weir, ttl):
         secret = os.path.join(d, "secret")
         open(secret, "w").write("0123456789abcdef0123456789abcdef")
         a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        job = job_file(d)
+        names = [f"j1-recovery-{k}" for k in range(jobs)] if jobs > 1 else ["j1-recovery"]
+        files = [job_file(os.path.join(d, n), n) for n in names]
+        workers = 2 * jobs + 1
 
         def coordinator(addr):
-            return Proc([weir, "coordinator", job, "--listen", addr, "--workers", "3", "--secret-file", secret,
-                         "--etcd", ep, "--cluster", "bench", "--lease-ttl-secs", str(ttl)])
+            return Proc([weir, "coordinator", *files, "--listen", addr, "--workers", str(workers),
+                         "--secret-file", secret, "--etcd", ep, "--cluster", "bench", "--lease-ttl-secs", str(ttl)])
 
         procs["c1"] = coordinator(a)
         procs["c1"].wait_line(r"leading cluster")
         procs["c2"] = coordinator(b)
         procs["c2"].wait_line(r"standby")
-        for w in ("w1", "w2", "w3"):
-            procs[w] = worker(weir, d, w, f"{a},{b}", secret)
-        chk = os.path.join(d, "checkpoints")
-        wait_checkpoint(chk, 2)
-        before = max(checkpoints(chk))
+        for k in range(workers):
+            procs[f"w{k + 1}"] = worker(weir, d, f"w{k + 1}", f"{a},{b}", secret)
+        chks = [os.path.join(d, n, "checkpoints") for n in names]
+        for chk in chks:
+            wait_checkpoint(chk, 2)
+        before = [max(checkpoints(chk)) for chk in chks]
         t0 = time.monotonic()
         procs["c1"].kill()
         t_elected, _ = procs["c2"].wait_line(r"leading cluster", after=t0)
-        t_deploy, _ = procs["c2"].wait_line(r"attempt \d+:", after=t_elected)
-        t_resumed, _ = wait_checkpoint(chk, before)
+        t_deploy = max(procs["c2"].wait_line(rf"job `{n}` attempt \d+:", after=t_elected)[0] for n in names)
+        t_resumed = max(wait_checkpoint(chk, b4)[0] for chk, b4 in zip(chks, before))
         return t_elected - t0, t_deploy - t0, t_resumed - t0
     finally:
         for p in procs.values():
@@ -232,6 +237,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--lease-ttl", type=int, default=2)
     ap.add_argument("--restart-delay-ms", type=int, default=1000, help="the job's fixed restart delay")
+    ap.add_argument("--jobs", type=int, default=1, help="jobs the coordinators run, for the leader kill")
     args = ap.parse_args()
     global RESTART_DELAY_MS
     RESTART_DELAY_MS = args.restart_delay_ms
@@ -240,9 +246,9 @@ def main():
     rows = [worker_kill(weir) for _ in range(args.runs)]
     summary("worker SIGKILL", rows, ["detected (connection closed)", "redeployed", "first checkpoint after"])
     if shutil.which("etcd"):
-        rows = [leader_kill(weir, args.lease_ttl) for _ in range(args.runs)]
-        summary(f"leader SIGKILL (lease TTL {args.lease_ttl} s)", rows,
-                ["standby elected", "redeployed", "first checkpoint after"])
+        rows = [leader_kill(weir, args.lease_ttl, args.jobs) for _ in range(args.runs)]
+        summary(f"leader SIGKILL (lease TTL {args.lease_ttl} s, {args.jobs} job(s))", rows,
+                ["standby elected", "every job redeployed", "every job's checkpoint after"])
     else:
         print("leader SIGKILL: skipped (no etcd on the PATH)")
 
