@@ -467,3 +467,34 @@ fn cluster_ha_sigkill_of_a_leader_of_two_jobs_hands_both_to_the_standby_exactly_
     }
     drop(procs);
 }
+
+#[test]
+fn cluster_ha_a_cluster_stored_by_an_earlier_weir_keeps_its_job_and_its_end() {
+    // An earlier Weir kept one job per cluster under `job`, `checkpoint` and `finished`. The
+    // new leader moves them to the job's keys: this job has run to its end, so it is not run
+    // again (without the move it would count as new and wait for workers).
+    let etcd = Etcd::start();
+    let dir = scratch();
+    let name = "wc-ha-old-keys";
+    write_input(&dir.path().join("input.txt"), 1_000, 41);
+    let job = job_into(dir.path(), name, "type = \"file\"\npath = \"out\"");
+    let text = std::fs::read_to_string(&job).unwrap();
+    etcd.put("/weir/ha/job", &serde_json::json!({ "path": job, "text": text }).to_string());
+    etcd.put("/weir/ha/checkpoint", "/elsewhere/chk-7");
+    etcd.put("/weir/ha/finished", "1");
+    let secret = secret(dir.path());
+    let mut c = coordinator(&job, &secret, free_addr(), &etcd);
+    let code = exit_code(&mut c.0, &c.1);
+    let log = c.1.lock().unwrap().clone();
+    assert_eq!(code, 0, "{log}");
+    assert!(log.contains(&format!("moved job `{name}`, stored by an earlier Weir")), "{log}");
+    assert!(log.contains("already run to its end") && !log.contains("running job"), "{log}");
+    let stored = etcd.get(&format!("/weir/ha/jobs/{name}")).expect("the job under its name");
+    assert!(stored.contains(&format!("\"name\":\"{name}\"")), "{stored}");
+    assert_eq!(etcd.get(&format!("/weir/ha/checkpoint/{name}")).as_deref(), Some("/elsewhere/chk-7"));
+    assert_eq!(etcd.get(&format!("/weir/ha/finished/{name}")).as_deref(), Some("1"));
+    for old in ["job", "checkpoint", "finished"] {
+        assert_eq!(etcd.get(&format!("/weir/ha/{old}")), None, "old key `{old}` removed");
+    }
+    assert!(!dir.path().join("out").exists(), "the finished job must not run again");
+}

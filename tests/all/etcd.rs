@@ -78,6 +78,14 @@ impl Etcd {
         String::from_utf8(b64.decode(value).ok()?).ok()
     }
 
+    /// Sets `key` to `value` through etcd's JSON gateway (`/v3/kv/put`).
+    pub fn put(&self, key: &str, value: &str) {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let body = serde_json::json!({ "key": b64.encode(key), "value": b64.encode(value) }).to_string();
+        ureq::post(&format!("{}/v3/kv/put", self.endpoint)).send(body.as_bytes()).expect("etcd put");
+    }
+
     /// The server's process id (to pause it).
     pub fn pid(&self) -> u32 {
         self.child.id()

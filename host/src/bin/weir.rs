@@ -1023,6 +1023,7 @@ fn given_jobs(jobs: &[PathBuf], restore: &Option<String>) -> Result<Vec<ClusterJ
 /// yet (stored now). A given job etcd knows is run as stored.
 fn leader_jobs(l: &weir::cluster::ha::Leadership, given: Vec<ClusterJob>) -> Result<Vec<ClusterJob>> {
     use weir::cluster::ha::StoredJob;
+    l.adopt_single_job_keys(|path, text| job::parse(path, text).map(|g| g.name).map_err(|e| e.to_string()))?;
     let stored = l.jobs()?;
     let mut runs = Vec::new();
     for s in &stored {

@@ -7,7 +7,8 @@
 //! workers reach it at, which `weir worker --etcd` reads: `discovery.rs`), and per job (by its
 //! name) `jobs/<job>` (the job file: name, path and text, JSON), `checkpoint/<job>` (its newest
 //! complete checkpoint's path or `s3://` URL), `finished/<job>` (present once it has run to
-//! its end).
+//! its end). A leader first moves the single job an earlier Weir kept under `job`,
+//! `checkpoint` and `finished` to those keys (`adopt_single_job_keys`).
 //!
 //! Invariants: the leader's **epoch** is the create revision of its election key, so a later
 //! leader always has a higher one (attempt numbers and workers' fences build on it). Every
@@ -203,13 +204,51 @@ impl Leadership {
     /// Writes `name` = `value` if this coordinator still leads.
     fn put(&self, name: &str, value: Vec<u8>) -> Result<(), HaError> {
         let key = self.key(name);
+        self.commit(vec![TxnOp::put(key.clone(), value, None)], &format!("writing {key}"))
+    }
+
+    /// Moves what an earlier Weir stored for the cluster's one job (keys `job`, `checkpoint`,
+    /// `finished`) to that job's keys, in one transaction fenced like every write, so the
+    /// job resumes from its recorded checkpoint instead of counting as new. `name_of` names
+    /// the job from its file. Returns the job's name if there was one to move.
+    pub fn adopt_single_job_keys(
+        &self,
+        name_of: impl FnOnce(&Path, &str) -> Result<String, String>,
+    ) -> Result<Option<String>, HaError> {
+        #[derive(Deserialize)]
+        struct OldJob {
+            path: PathBuf,
+            text: String,
+        }
+        let Some(bytes) = self.get("job")? else { return Ok(None) };
+        let corrupt = |message: String| HaError::Corrupt { key: self.key("job"), message };
+        let old: OldJob = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let name = name_of(&old.path, &old.text).map_err(corrupt)?;
+        let job = StoredJob { name: name.clone(), path: old.path, text: old.text };
+        let mut ops = vec![
+            TxnOp::put(self.key(&format!("jobs/{name}")), serde_json::to_vec(&job).expect("serializable"), None),
+            TxnOp::delete(self.key("job"), None),
+        ];
+        for what in ["checkpoint", "finished"] {
+            if let Some(v) = self.get(what)? {
+                ops.push(TxnOp::put(self.key(&format!("{what}/{name}")), v, None));
+                ops.push(TxnOp::delete(self.key(what), None));
+            }
+        }
+        self.commit(ops, "moving the earlier single-job keys")?;
+        tracing::info!("moved job `{name}`, stored by an earlier Weir under {}, to the per-job keys", self.key("job"));
+        Ok(Some(name))
+    }
+
+    /// Applies `ops` if this coordinator still leads.
+    fn commit(&self, ops: Vec<TxnOp>, what: &str) -> Result<(), HaError> {
         let txn = Txn::new()
             .when([Compare::create_revision(self.leader_key.clone(), CompareOp::Equal, self.epoch as i64)])
-            .and_then([TxnOp::put(key.clone(), value, None)]);
+            .and_then(ops);
         let mut c = self.client.clone();
         let r = io_runtime()
             .block_on(within(Duration::from_secs(10), c.txn(txn)))
-            .map_err(|m| etcd_err(&self.cfg, &format!("writing {key}"), m))?;
+            .map_err(|m| etcd_err(&self.cfg, what, m))?;
         if r.succeeded() {
             Ok(())
         } else {
