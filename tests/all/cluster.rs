@@ -1082,3 +1082,51 @@ fn cluster_unaligned_checkpoints_overtake_the_network_and_stay_exactly_once_thro
     assert!(log.contains("2 attempt(s)") && log.contains("restoring job `un-cluster` from checkpoint"), "{log}");
     assert_oracle_golden(dir.path(), crate::unaligned::COUNT);
 }
+
+#[test]
+fn cluster_serve_tenants_submit_jobs_to_the_coordinator_that_run_on_its_workers() {
+    let d = scratch();
+    let secret = secret(d.path());
+    let (alpha, beta) = ("alpha-token-0123456789", "beta-token-0123456789");
+    let config = d.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[[tenant]]\nname = \"alpha\"\ntoken = \"{alpha}\"\n\
+             [[tenant]]\nname = \"beta\"\ntoken = \"{beta}\"\nmax_parallelism = 1\n"
+        ),
+    )
+    .unwrap();
+    let c = coordinator_of(&[], &secret, 2, 5000, &["--serve", config.to_str().unwrap()], &[]);
+    let mut procs = Procs::default();
+    for w in ["w1", "w2"] {
+        procs.0.push(worker(&c, &secret, w, 1, d.path()));
+    }
+    let Coordinator { child, log, .. } = c;
+    procs.0.push(child);
+    wait_for(&log, "weir serving 2 tenant(s) at ");
+    let url = {
+        let l = log.lock().unwrap();
+        l.split("weir serving 2 tenant(s) at ").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
+    };
+    let run =
+        |token: &str, args: &[&str]| weir().args(["--server", &url, "--token", token]).args(args).output().unwrap();
+    let cli = |args: &[&str]| {
+        let out = run(alpha, args);
+        assert!(out.status.success(), "weir {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Submitted over the API, run on the workers, its output committed in the tenant's files.
+    let id = crate::sandbox::wordcount_through_the_cli(&cli, &d.path().join("data/alpha/files/out"));
+    let text = log.lock().unwrap().clone();
+    assert!(text.contains("job `wordcount` attempt") && text.contains("subtasks on w"), "{text}");
+    // Another tenant does not see it, and its own quota holds on the coordinator.
+    let out = run(beta, &["status", &id]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success() && err.contains(&format!("no job `{id}`")), "{err}");
+    let job = crate::support::root().join("examples/wordcount/job.toml");
+    let out = run(beta, &["submit", job.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success() && err.contains("max_parallelism"), "{err}");
+    drop(procs);
+}

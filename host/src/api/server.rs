@@ -1,5 +1,6 @@
 //! The routes of the control API, over the jobs this process runs — one job for `weir run`,
-//! many tenants' jobs for `weir serve`.
+//! many tenants' jobs for `weir serve` (run here, or on a cluster's workers for
+//! `weir coordinator --serve`).
 //!
 //! ```text
 //! GET  /v1/jobs                                   the caller's jobs' status
@@ -32,7 +33,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -99,7 +100,23 @@ pub struct Api {
     cpu: CpuShares,
     /// Each tenant's CPU group, where the host offers them.
     cpu_groups: BTreeMap<String, Arc<CpuGroup>>,
+    /// Where submitted jobs run, if not in this process (`weir coordinator --serve`).
+    launcher: OnceLock<Launcher>,
 }
+
+/// Runs a submitted job elsewhere than in this process (on a cluster's workers): given the
+/// bound job, its job file's path and text (as the tenant's directory holds it), and the
+/// options a job of the tenant runs with. Returns when the job has ended.
+pub type Launcher = Arc<
+    dyn Fn(
+            &crate::job::bind::BoundJob,
+            &Path,
+            &str,
+            &RunOptions,
+        ) -> Result<executor::RunSummary, crate::runtime::error::RunError>
+        + Send
+        + Sync,
+>;
 
 /// A running API server; dropping it stops accepting, then lets requests in flight write
 /// their answers (e.g. the reply to the `stop` that ended the job), for up to 5 s.
@@ -171,6 +188,7 @@ impl Api {
             tls: None,
             cpu: CpuShares::off("one job per process"),
             cpu_groups: BTreeMap::new(),
+            launcher: OnceLock::new(),
         })
     }
 
@@ -198,7 +216,13 @@ impl Api {
             tls,
             cpu,
             cpu_groups,
+            launcher: OnceLock::new(),
         }))
+    }
+
+    /// Submitted jobs run through `launcher` from now on, not in this process (set once).
+    pub fn launch_with(&self, launcher: Launcher) {
+        let _ = self.launcher.set(launcher);
     }
 
     /// Whether the API speaks TLS (`https://`).
@@ -558,11 +582,16 @@ impl Api {
         // Refused before it starts: a savepoint its components cannot take over, and so on.
         executor::preflight(&bound, &opts).map_err(|e| release(scrub(409, e.to_string())))?;
         let job_id = id.clone();
+        let launcher = self.launcher.get().cloned();
         std::thread::Builder::new()
             .name(format!("job-{id}"))
             .spawn(move || {
                 let opts = RunOptions { endpoint: Some(endpoint), ..opts };
-                if let Err(e) = executor::run(&bound, &opts) {
+                let ran = match launcher {
+                    Some(launch) => launch(&bound, &path, &text, &opts),
+                    None => executor::run(&bound, &opts),
+                };
+                if let Err(e) = ran {
                     tracing::error!(job = %job_id, "{e}");
                 }
             })

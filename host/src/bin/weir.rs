@@ -1,6 +1,6 @@
 //! The `weir` command line: the binary edge (anyhow lives here only).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -196,8 +196,13 @@ enum Command {
     Coordinator {
         /// The job files: every job runs on the same workers, each placed into the workers
         /// free for it (a worker runs one job's part at a time) and restarting on its own.
-        #[arg(required = true, num_args = 1..)]
+        #[arg(required_unless_present = "serve", num_args = 1..)]
         jobs: Vec<PathBuf>,
+        /// Serve tenants instead of running job files: the API `weir serve --config CONFIG`
+        /// would serve (tenants, tokens, quotas, uploads, `weir submit`), whose jobs run on
+        /// this coordinator's workers.
+        #[arg(long, value_name = "CONFIG", conflicts_with_all = ["jobs", "etcd", "restore", "api"])]
+        serve: Option<PathBuf>,
         /// Address workers connect to (printed as `listening on ADDR`).
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
@@ -459,6 +464,7 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Command::Coordinator {
             jobs,
+            serve,
             listen,
             advertise,
             secret_file,
@@ -506,6 +512,9 @@ fn real_main(cli: Cli) -> Result<()> {
                          can reach a loopback address; give --advertise HOST:PORT"
                     );
                 }
+            }
+            if let Some(config) = serve {
+                return serve_on_cluster(&config, cfg);
             }
             run_coordinator(&jobs, cfg, ha.zip(advertise), restore, allow_non_restored_state, &api)
         }
@@ -623,28 +632,7 @@ fn real_main(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Serve { config } => {
-            let cfg = weir::api::tenants::ServerConfig::load(&config).map_err(anyhow::Error::msg)?;
-            // Outside every tenant's directory (tenant names cannot start with a dot).
-            let cache_dir = cfg.data_dir.join(".compile-cache");
-            if std::env::var_os("WEIR_COMPILE_CACHE").is_none_or(|v| v != "off")
-                && let Some(cache) =
-                    weir::sandbox::disk_cache::DiskCache::open(cache_dir, weir::sandbox::disk_cache::DEFAULT_MAX_BYTES)
-            {
-                weir::sandbox::disk_cache::install(cache);
-            }
-            let opts = weir::sandbox::engine::EngineOptions { pooling: true, ..Default::default() };
-            // Tenants' components compile in a child process, bounded by [compile].
-            weir::sandbox::isolated_compile::install(weir::sandbox::isolated_compile::Isolation {
-                exe: std::env::current_exe().context("locating the weir executable")?,
-                engine: opts,
-                memory_mb: cfg.compile.memory_mb,
-                timeout_ms: cfg.compile.timeout_ms,
-            });
-            let engine = weir::sandbox::engine::engine_with(opts)
-                .map_err(|e| anyhow::anyhow!("{e:#}"))
-                .context("starting the WebAssembly engine")?;
-            let api = Api::hosting(&cfg, engine)
-                .with_context(|| format!("starting the server (data directory {})", cfg.data_dir.display()))?;
+            let (cfg, api) = hosting_api(&config)?;
             let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
             match api.cpu_shares_unavailable() {
                 None => tracing::info!("tenants get CPU shares by their cpu_weight: {}", api.cpu_shares()),
@@ -652,13 +640,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     tracing::warn!("tenants do not get CPU shares ({why}); the OS schedules their threads one by one")
                 }
             }
-            tracing::info!(
-                "weir serving {} tenant(s) at {}://{} (data in {}; dashboard at /ui/)",
-                cfg.tenant.len(),
-                if api.speaks_tls() { "https" } else { "http" },
-                server.addr,
-                cfg.data_dir.display()
-            );
+            log_serving(&cfg, &api, server.addr, "");
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
@@ -1138,6 +1120,72 @@ fn run_coordinator(
             let names: Vec<String> = failed.iter().map(|(n, _)| format!("`{n}`")).collect();
             anyhow::bail!("{n} of {} jobs failed: {} (their errors are above)", runs.len(), names.join(", "))
         }
+    }
+}
+
+/// The API of `weir serve --config CONFIG`: its tenants, their compile cache and a child
+/// process that compiles their components within bounds.
+fn hosting_api(config: &Path) -> Result<(weir::api::tenants::ServerConfig, std::sync::Arc<Api>)> {
+    let cfg = weir::api::tenants::ServerConfig::load(config).map_err(anyhow::Error::msg)?;
+    // Outside every tenant's directory (tenant names cannot start with a dot).
+    let cache_dir = cfg.data_dir.join(".compile-cache");
+    if std::env::var_os("WEIR_COMPILE_CACHE").is_none_or(|v| v != "off")
+        && let Some(cache) =
+            weir::sandbox::disk_cache::DiskCache::open(cache_dir, weir::sandbox::disk_cache::DEFAULT_MAX_BYTES)
+    {
+        weir::sandbox::disk_cache::install(cache);
+    }
+    let opts = weir::sandbox::engine::EngineOptions { pooling: true, ..Default::default() };
+    // Tenants' components compile in a child process, bounded by [compile].
+    weir::sandbox::isolated_compile::install(weir::sandbox::isolated_compile::Isolation {
+        exe: std::env::current_exe().context("locating the weir executable")?,
+        engine: opts,
+        memory_mb: cfg.compile.memory_mb,
+        timeout_ms: cfg.compile.timeout_ms,
+    });
+    let engine = weir::sandbox::engine::engine_with(opts)
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .context("starting the WebAssembly engine")?;
+    let api = Api::hosting(&cfg, engine)
+        .with_context(|| format!("starting the server (data directory {})", cfg.data_dir.display()))?;
+    Ok((cfg, api))
+}
+
+/// The line that says where the tenants' API is (tests and scripts wait for it).
+fn log_serving(cfg: &weir::api::tenants::ServerConfig, api: &Api, addr: std::net::SocketAddr, more: &str) {
+    tracing::info!(
+        "weir serving {} tenant(s) at {}://{addr} (data in {}; dashboard at /ui/){more}",
+        cfg.tenant.len(),
+        if api.speaks_tls() { "https" } else { "http" },
+        cfg.data_dir.display()
+    );
+}
+
+/// `weir coordinator --serve CONFIG`: the tenants' API of `weir serve`, with every job
+/// submitted to it run on this coordinator's workers (each placed into the workers free for
+/// it, as the coordinator's jobs are). Quotas are checked here as `weir serve` checks them.
+fn serve_on_cluster(config: &Path, cluster: weir::cluster::coordinator::CoordinatorConfig) -> Result<()> {
+    use weir::cluster::coordinator::{Cluster, JobSource};
+    let (cfg, api) = hosting_api(config)?;
+    let listen = cluster.listen;
+    let hub =
+        weir::cluster::hub::Hub::start(cluster).with_context(|| format!("cannot listen on {listen} for workers"))?;
+    let on = hub.clone();
+    api.launch_with(std::sync::Arc::new(move |bound, path, text, opts| {
+        let source = JobSource { path: path.to_path_buf(), text: text.to_string() };
+        Cluster::on(&on).run(bound, &source, opts)
+    }));
+    let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    println!("listening on {}", hub.addr());
+    tracing::warn!(
+        "tenants' CPU shares and disk quotas are not enforced on the workers yet (their jobs, parallelism, guest \
+         memory and subtasks quotas are, here); a tenant's files and checkpoints must be on storage the workers \
+         share at {}",
+        cfg.data_dir.display()
+    );
+    log_serving(&cfg, &api, server.addr, &format!("; jobs run on the workers of {}", hub.addr()));
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
     }
 }
 

@@ -38,7 +38,8 @@ pub enum Note {
 /// A worker's `UpgradeArmed`: `(member, attempt, task, checkpoint)`.
 pub type Armed = (u64, AttemptNo, u64, CheckpointId);
 
-/// Query numbers of job `k` start at `k << QUERY_SHIFT`: an answer names its job.
+/// Query numbers of job `k` start at `(k mod 2^24) << QUERY_SHIFT`: an answer names its job
+/// (jobs 2^24 joins apart share a range; an answer is still taken only from the worker asked).
 const QUERY_SHIFT: u32 = 40;
 
 /// A member's connection and what it has been sent.
@@ -155,7 +156,8 @@ impl Hub {
         let mut s = self.lock();
         let key = s.next_job;
         s.next_job += 1;
-        let queries = Arc::new(Mutex::new(PendingQueries::numbered_from(key << QUERY_SHIFT)));
+        let queries =
+            Arc::new(Mutex::new(PendingQueries::numbered_from((key % (1 << (64 - QUERY_SHIFT))) << QUERY_SHIFT)));
         s.links.insert(key, Link { notes: tx, armed: None, queries: queries.clone() });
         JobLink { hub: self.clone(), key, notes, queries }
     }
@@ -229,7 +231,9 @@ fn route(s: &mut State, id: u64, m: ToCoordinator) {
     let attempt = match &m {
         ToCoordinator::Heartbeat | ToCoordinator::Register { .. } => return,
         ToCoordinator::QueryAnswer { query, .. } => {
-            if let Some(link) = s.links.get(&(query >> QUERY_SHIFT)) {
+            let of = |k: &JobKey| k % (1 << (64 - QUERY_SHIFT)) == query >> QUERY_SHIFT;
+            let waits = |l: &Link| l.queries.lock().unwrap_or_else(|p| p.into_inner()).awaits(id, *query);
+            if let Some(link) = s.links.iter().filter(|(k, _)| of(k)).map(|(_, l)| l).find(|l| waits(l)) {
                 let ToCoordinator::QueryAnswer { query, answer } = m else { unreachable!() };
                 link.queries.lock().unwrap_or_else(|p| p.into_inner()).answer(id, query, answer);
             }

@@ -46,10 +46,15 @@ impl PendingQueries {
         Some(self.next)
     }
 
+    /// Whether query `query` waits for worker `member`'s answer.
+    pub fn awaits(&self, member: u64, query: u64) -> bool {
+        self.waiting.get(&query).is_some_and(|(m, _)| *m == member)
+    }
+
     /// Worker `member`'s answer to query `query` (the [`QueryAnswer`] as JSON); an answer
     /// nobody waits for, or from another worker, is dropped.
     pub fn answer(&mut self, member: u64, query: u64, answer: Result<String, String>) {
-        if self.waiting.get(&query).is_none_or(|(m, _)| *m != member) {
+        if !self.awaits(member, query) {
             return;
         }
         let (_, reply) = self.waiting.remove(&query).expect("checked");
