@@ -237,13 +237,17 @@ impl ServerConfig {
         d
     }
 
-    /// Parses and checks `server.toml` (relative `data_dir` against the file's directory).
+    /// Parses and checks `server.toml` (relative `data_dir` against the file's directory, made
+    /// absolute).
     pub fn load(path: &Path) -> Result<ServerConfig, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let mut c: ServerConfig = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         let dir = path.parent().unwrap_or(Path::new("."));
         if c.data_dir.is_relative() {
-            c.data_dir = dir.join(&c.data_dir);
+            // Absolute, as job files under it are sent to a cluster's workers, whose working
+            // directory is their own.
+            c.data_dir = std::path::absolute(dir.join(&c.data_dir))
+                .map_err(|e| format!("{}: data_dir {}: {e}", path.display(), c.data_dir.display()))?;
         }
         c.tls = c.tls.map(|t| t.relative_to(dir));
         c.check().map_err(|e| format!("{}: {e}", path.display()))?;

@@ -491,7 +491,8 @@ impl Worker {
         }
     }
 
-    /// The job of `d`, bound to its shipped components (cached: a restart binds nothing anew).
+    /// The job of `d`, bound to its shipped components (the newest one cached: a restart
+    /// binds nothing anew).
     fn bind(&mut self, d: &Deploy) -> Result<Arc<BoundJob>, String> {
         let key = format!("{}\n{:?}\n{}", d.job_path.display(), d.components, d.job_source);
         let key = sha256_hex(key.as_bytes());
@@ -513,6 +514,9 @@ impl Worker {
             c.dir = self.cfg.dir.join("staging");
         }
         let job = Arc::new(crate::job::bind::bind(&self.engine, graph).map_err(|e| e.to_string())?);
+        // Only the job it runs now is kept: a coordinator serving tenants sends a new job
+        // file per submission, and every one kept would hold its compiled components.
+        self.jobs.clear();
         self.jobs.insert(key, job.clone());
         Ok(job)
     }
