@@ -10,6 +10,9 @@
 //!
 //! Invariant: a tenant's directory grows past its quota by at most one chunk and one write
 //! buffer (a rescan takes what a writer charged but still buffers as written) per writer.
+//! When `n` processes each keep a budget of one shared directory (a cluster's workers), one
+//! cannot see what the others wrote since its last scan: each scans again after writing
+//! 1/(16 n) of the quota, so together they pass it by at most a sixteenth more.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -28,6 +31,8 @@ pub struct DiskBudget {
     tenant: String,
     dir: PathBuf,
     limit: u64,
+    /// Bytes charged since the last scan that make the next charge scan again.
+    rescan_after: u64,
     scanned: AtomicU64,
     since: AtomicU64,
     last_scan: Mutex<Instant>,
@@ -40,16 +45,28 @@ impl DiskBudget {
             tenant: tenant.into(),
             dir: dir.into(),
             limit: limit_mb.saturating_mul(1 << 20),
+            rescan_after: limit_mb.saturating_mul(1 << 20) / 4,
             scanned: AtomicU64::new(disk_usage(dir)),
             since: AtomicU64::new(0),
             last_scan: Mutex::new(Instant::now()),
         }
     }
 
+    /// The budget one of `processes` keeps of a directory they all write (see the module).
+    pub fn shared_by(mut self, processes: u64) -> Self {
+        self.rescan_after = self.limit / processes.max(1).saturating_mul(16);
+        self
+    }
+
+    /// The tenant, its directory and its quota in MiB (to make the same budget elsewhere).
+    pub fn terms(&self) -> (&str, &Path, u64) {
+        (&self.tenant, &self.dir, self.limit >> 20)
+    }
+
     /// Charges `bytes` about to be written; an error names the quota when they do not fit.
     pub fn charge(&self, bytes: u64) -> Result<(), String> {
         let since = self.since.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        let stale = since > self.limit / 4 || self.last_scan.lock().is_ok_and(|t| t.elapsed() > RESCAN);
+        let stale = since > self.rescan_after || self.last_scan.lock().is_ok_and(|t| t.elapsed() > RESCAN);
         if stale {
             self.rescan(bytes);
         }

@@ -1083,32 +1083,38 @@ fn cluster_unaligned_checkpoints_overtake_the_network_and_stay_exactly_once_thro
     assert_oracle_golden(dir.path(), crate::unaligned::COUNT);
 }
 
-#[test]
-fn cluster_serve_tenants_submit_jobs_to_the_coordinator_that_run_on_its_workers() {
-    let d = scratch();
-    let secret = secret(d.path());
-    let (alpha, beta) = ("alpha-token-0123456789", "beta-token-0123456789");
-    let config = d.path().join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[[tenant]]\nname = \"alpha\"\ntoken = \"{alpha}\"\n\
-             [[tenant]]\nname = \"beta\"\ntoken = \"{beta}\"\nmax_parallelism = 1\n"
-        ),
-    )
-    .unwrap();
+/// `weir coordinator --serve` of the tenants in `tenants` (server.toml lines) over two
+/// one-slot workers: the processes, the coordinator's log and the tenants' API URL.
+fn serving_coordinator(d: &Path, tenants: &str) -> (Procs, Arc<Mutex<String>>, String) {
+    let secret = secret(d);
+    let config = d.join("server.toml");
+    std::fs::write(&config, format!("listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n{tenants}")).unwrap();
     let c = coordinator_of(&[], &secret, 2, 5000, &["--serve", config.to_str().unwrap()], &[]);
     let mut procs = Procs::default();
     for w in ["w1", "w2"] {
-        procs.0.push(worker(&c, &secret, w, 1, d.path()));
+        procs.0.push(worker(&c, &secret, w, 1, d));
     }
     let Coordinator { child, log, .. } = c;
     procs.0.push(child);
-    wait_for(&log, "weir serving 2 tenant(s) at ");
+    wait_for(&log, "tenant(s) at ");
     let url = {
         let l = log.lock().unwrap();
-        l.split("weir serving 2 tenant(s) at ").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
+        l.split("tenant(s) at ").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
     };
+    (procs, log, url)
+}
+
+#[test]
+fn cluster_serve_tenants_submit_jobs_to_the_coordinator_that_run_on_its_workers() {
+    let d = scratch();
+    let (alpha, beta) = ("alpha-token-0123456789", "beta-token-0123456789");
+    let (procs, log, url) = serving_coordinator(
+        d.path(),
+        &format!(
+            "[[tenant]]\nname = \"alpha\"\ntoken = \"{alpha}\"\n\
+             [[tenant]]\nname = \"beta\"\ntoken = \"{beta}\"\nmax_parallelism = 1\n"
+        ),
+    );
     let run =
         |token: &str, args: &[&str]| weir().args(["--server", &url, "--token", token]).args(args).output().unwrap();
     let cli = |args: &[&str]| {
@@ -1128,5 +1134,42 @@ fn cluster_serve_tenants_submit_jobs_to_the_coordinator_that_run_on_its_workers(
     let out = run(beta, &["submit", job.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success() && err.contains("max_parallelism"), "{err}");
+    drop(procs);
+}
+
+#[test]
+fn cluster_serve_a_tenants_job_writing_past_its_disk_quota_on_the_workers_fails_naming_it() {
+    let d = scratch();
+    let token = "writer-token-0123456789";
+    let (procs, _log, url) = serving_coordinator(
+        d.path(),
+        &format!("[[tenant]]\nname = \"writer\"\ntoken = \"{token}\"\nmax_disk_mb = 8\n"),
+    );
+    let addr = url.trim_start_matches("http://").to_string();
+    let call = |method: &str, path: &str, body: &[u8]| {
+        let (s, v) = weir::api::http::send(&addr, method, path, token, body, Duration::from_secs(60)).unwrap();
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        serde_json::from_str::<serde_json::Value>(&v).unwrap()
+    };
+    // Two sink subtasks on two workers write into the tenant's shared directory.
+    let job = "[job]\nname = \"fill\"\n[restart]\nstrategy = \"none\"\n\
+               [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000\nkeys = 8\nvalue_bytes = 1000\n\
+               [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = 2\ninputs = [{ from = \"gen\" }]\n";
+    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let cause = loop {
+        let st = call("GET", &format!("/v1/jobs/{id}"), b"");
+        if st["state"] == "FAILED" {
+            break st["cause"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(300), "the job never failed: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(cause.contains("max_disk_mb = 8 MiB") && cause.contains("`writer`"), "{cause}");
+    // Two workers' budgets of one directory pass it by at most a sixteenth, and a chunk and a
+    // write buffer per writer (disk_budget.rs).
+    let used = weir::disk_budget::disk_usage(&d.path().join("data/writer"));
+    let slack = (8 << 20) / 16 + 2 * (weir::disk_budget::CHUNK + (256 << 10));
+    assert!(used <= (8 << 20) + slack, "{used} bytes on disk, quota 8 MiB + {slack}");
     drop(procs);
 }

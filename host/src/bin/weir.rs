@@ -1178,8 +1178,8 @@ fn serve_on_cluster(config: &Path, cluster: weir::cluster::coordinator::Coordina
     let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
     println!("listening on {}", hub.addr());
     tracing::warn!(
-        "tenants' CPU shares and disk quotas are not enforced on the workers yet (their jobs, parallelism, guest \
-         memory and subtasks quotas are, here); a tenant's files and checkpoints must be on storage the workers \
+        "tenants' CPU shares and [compile] bounds are not enforced on the workers yet (their jobs, parallelism, guest \
+         memory, subtasks and disk quotas are); a tenant's files and checkpoints must be on storage the workers \
          share at {}",
         cfg.data_dir.display()
     );

@@ -25,7 +25,9 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 use crate::checkpoint::subset::Subset;
 use crate::cluster::hub::{Armed, Hub, JobLink, Note, Placed};
 use crate::cluster::pipe::PipeTx;
-use crate::cluster::protocol::{AttemptNo, Deploy, NodeProgress, ToCoordinator, ToWorker, WireControl, WireFailure};
+use crate::cluster::protocol::{
+    AttemptNo, Deploy, NodeProgress, TenantBounds, ToCoordinator, ToWorker, WireControl, WireFailure,
+};
 use crate::cluster::queries::PendingQueries;
 use crate::cluster::round::{Action, Fault, Outcome, Round};
 use crate::graph::physical::PhysicalPlan;
@@ -187,6 +189,10 @@ impl Cluster {
                 worker_of: worker_of.clone(),
                 peers: peers.clone(),
                 you: i as u32,
+                tenant: a.opts.disk_budget.as_ref().map(|b| {
+                    let (name, dir, max_disk_mb) = b.terms();
+                    TenantBounds { name: name.into(), dir: dir.into(), max_disk_mb }
+                }),
             };
             self.link.send(id, &ToWorker::Deploy(Box::new(d)));
         }

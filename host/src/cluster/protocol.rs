@@ -21,7 +21,7 @@ use crate::runtime::metrics::Counters;
 use crate::runtime::termination::LoopCounts;
 
 /// Bumped when a message changes; a worker of another version is refused at registration.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// The largest message (a component is shipped in one).
 pub const MAX_MESSAGE: usize = 256 << 20;
@@ -205,6 +205,22 @@ pub struct Deploy {
     pub peers: Vec<SocketAddr>,
     /// The receiving worker's index in `peers`.
     pub you: u32,
+    /// A served tenant's job (`weir coordinator --serve`): the bounds the worker keeps.
+    pub tenant: Option<TenantBounds>,
+}
+
+/// What a worker keeps of a tenant's bounds for its part of the tenant's job: the disk its
+/// sinks, checkpoints and disk-backed state write is charged to the tenant's quota (each
+/// worker measures the tenant's shared directory), disk-backed state lives in that
+/// directory, and the guests' log lines are dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantBounds {
+    /// The tenant's name.
+    pub name: String,
+    /// Its directory (on storage the workers share).
+    pub dir: PathBuf,
+    /// Its `max_disk_mb`.
+    pub max_disk_mb: u64,
 }
 
 /// A subtask's failure as it crosses the network.

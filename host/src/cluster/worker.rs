@@ -32,6 +32,7 @@ use crate::cluster::pipe::{self, PipeTx};
 use crate::cluster::protocol::{
     AttemptNo, Deploy, NodeProgress, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireControl, WireFailure,
 };
+use crate::disk_budget::DiskBudget;
 use crate::graph::physical::PhysicalPlan;
 use crate::ids::{NodeId, SubtaskIndex, TaskId};
 use crate::job::bind::BoundJob;
@@ -578,7 +579,18 @@ impl Worker {
         let live: Live = Arc::default();
         let dropped = resolve_components(&job, restore.as_ref(), d.allow_non_restored_state, &live);
         let dropped = dropped.map_err(|e| refuse(e, true))?;
-        let opts = RunOptions { allow_non_restored_state: d.allow_non_restored_state, ..RunOptions::default() };
+        let opts = RunOptions {
+            allow_non_restored_state: d.allow_non_restored_state,
+            // A tenant's part: its writes charged to its quota, its disk-backed state in its
+            // directory, its guests quiet (as under `weir serve`).
+            quiet_guests: d.tenant.is_some(),
+            disk_budget: d
+                .tenant
+                .as_ref()
+                .map(|t| Arc::new(DiskBudget::new(&t.name, &t.dir, t.max_disk_mb).shared_by(d.peers.len() as u64))),
+            state_dir: d.tenant.as_ref().map(|t| t.dir.clone()),
+            ..RunOptions::default()
+        };
         let owned = Arc::new(Owned {
             job,
             opts,
