@@ -1145,26 +1145,8 @@ fn cluster_serve_a_tenants_job_writing_past_its_disk_quota_on_the_workers_fails_
         d.path(),
         &format!("[[tenant]]\nname = \"writer\"\ntoken = \"{token}\"\nmax_disk_mb = 8\n"),
     );
-    let addr = url.trim_start_matches("http://").to_string();
-    let call = |method: &str, path: &str, body: &[u8]| {
-        let (s, v) = weir::api::http::send(&addr, method, path, token, body, Duration::from_secs(60)).unwrap();
-        assert_eq!(s, 200, "{method} {path}: {v}");
-        serde_json::from_str::<serde_json::Value>(&v).unwrap()
-    };
     // Two sink subtasks on two workers write into the tenant's shared directory.
-    let job = "[job]\nname = \"fill\"\n[restart]\nstrategy = \"none\"\n\
-               [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000\nkeys = 8\nvalue_bytes = 1000\n\
-               [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = 2\ninputs = [{ from = \"gen\" }]\n";
-    let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
-    let t0 = Instant::now();
-    let cause = loop {
-        let st = call("GET", &format!("/v1/jobs/{id}"), b"");
-        if st["state"] == "FAILED" {
-            break st["cause"].as_str().unwrap_or_default().to_string();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(300), "the job never failed: {st}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let cause = crate::sandbox::fill_the_disk(&url, token, Duration::from_secs(300));
     assert!(cause.contains("max_disk_mb = 8 MiB") && cause.contains("`writer`"), "{cause}");
     // Two workers' budgets of one directory pass it by at most a sixteenth, and a chunk and a
     // write buffer per writer (disk_budget.rs).

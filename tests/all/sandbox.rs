@@ -1314,7 +1314,17 @@ fn sandbox_a_job_writing_past_its_tenants_disk_quota_fails_naming_it() {
             "listen = \"127.0.0.1:0\"\ndata_dir = \"data\"\n[[tenant]]\nname = \"writer\"\ntoken = \"{token}\"\nmax_disk_mb = 8\n"
         ),
     );
-    let addr = serve.url.trim_start_matches("http://").to_string();
+    let cause = fill_the_disk(&serve.url, token, Duration::from_secs(120));
+    assert!(cause.contains("max_disk_mb = 8 MiB") && cause.contains("`writer`"), "{cause}");
+    let used = weir::disk_budget::disk_usage(&d.path().join("data/writer"));
+    let slack = 2 * (weir::disk_budget::CHUNK + (256 << 10));
+    assert!(used <= (8 << 20) + slack, "{used} bytes on disk, quota 8 MiB + {slack}");
+}
+
+/// Submits, as `token` to the tenants' API at `url`, a job whose generator writes through a
+/// p=2 file sink without end, and waits up to `wait` for it to fail; its cause.
+pub(crate) fn fill_the_disk(url: &str, token: &str, wait: Duration) -> String {
+    let addr = url.trim_start_matches("http://").to_string();
     let call = |method: &str, path: &str, body: &[u8]| {
         let (s, v) = weir::api::http::send(&addr, method, path, token, body, Duration::from_secs(60)).unwrap();
         assert_eq!(s, 200, "{method} {path}: {v}");
@@ -1325,18 +1335,14 @@ fn sandbox_a_job_writing_past_its_tenants_disk_quota_fails_naming_it() {
                [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = 2\ninputs = [{ from = \"gen\" }]\n";
     let id = call("POST", "/v1/jobs", job.as_bytes())["id"].as_str().unwrap().to_string();
     let t0 = Instant::now();
-    let cause = loop {
+    loop {
         let st = call("GET", &format!("/v1/jobs/{id}"), b"");
         if st["state"] == "FAILED" {
-            break st["cause"].as_str().unwrap_or_default().to_string();
+            return st["cause"].as_str().unwrap_or_default().to_string();
         }
-        assert!(t0.elapsed() < Duration::from_secs(120), "the job never failed: {st}");
+        assert!(t0.elapsed() < wait, "the job never failed: {st}");
         std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(cause.contains("max_disk_mb = 8 MiB") && cause.contains("`writer`"), "{cause}");
-    let used = weir::disk_budget::disk_usage(&d.path().join("data/writer"));
-    let slack = 2 * (weir::disk_budget::CHUNK + (256 << 10));
-    assert!(used <= (8 << 20) + slack, "{used} bytes on disk, quota 8 MiB + {slack}");
+    }
 }
 
 /// Checkpoints are disk a job writes too: each state file is charged to the tenant's
