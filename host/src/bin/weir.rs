@@ -1009,7 +1009,8 @@ fn leader_jobs(l: &weir::cluster::ha::Leadership, given: Vec<ClusterJob>) -> Res
     let stored = l.jobs()?;
     let mut runs = Vec::new();
     for s in &stored {
-        if let Some(g) = given.iter().find(|g| g.name == s.name)
+        let g = given.iter().find(|g| g.name == s.name);
+        if let Some(g) = g
             && g.source.text != s.text
         {
             tracing::warn!(
@@ -1023,7 +1024,7 @@ fn leader_jobs(l: &weir::cluster::ha::Leadership, given: Vec<ClusterJob>) -> Res
             println!("job `{}` has already run to its end; nothing to do for it", s.name);
             continue;
         }
-        let restore = given.iter().find(|g| g.name == s.name).and_then(|g| g.restore.clone());
+        let restore = g.and_then(|g| g.restore.clone());
         let source = weir::cluster::coordinator::JobSource { path: s.path.clone(), text: s.text.clone() };
         runs.push(ClusterJob { source, name: s.name.clone(), restore });
     }

@@ -175,6 +175,10 @@ impl Cluster {
         let cancel = a.opts.endpoint.as_ref().map(|e| e.cancel.clone());
         let Placed { attempt, members, worker_of, peers } = self.place(&g.name, &plan, cancel.as_deref())?;
         let components = self.ship_components(a, &members);
+        let tenant = a.opts.disk_budget.as_ref().map(|b| {
+            let (name, dir, max_disk_mb) = b.terms();
+            TenantBounds { name: name.into(), dir: dir.into(), max_disk_mb }
+        });
         for (i, &id) in members.iter().enumerate() {
             let d = Deploy {
                 attempt,
@@ -189,10 +193,7 @@ impl Cluster {
                 worker_of: worker_of.clone(),
                 peers: peers.clone(),
                 you: i as u32,
-                tenant: a.opts.disk_budget.as_ref().map(|b| {
-                    let (name, dir, max_disk_mb) = b.terms();
-                    TenantBounds { name: name.into(), dir: dir.into(), max_disk_mb }
-                }),
+                tenant: tenant.clone(),
             };
             self.link.send(id, &ToWorker::Deploy(Box::new(d)));
         }

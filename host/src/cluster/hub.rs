@@ -38,8 +38,9 @@ pub enum Note {
 /// A worker's `UpgradeArmed`: `(member, attempt, task, checkpoint)`.
 pub type Armed = (u64, AttemptNo, u64, CheckpointId);
 
-/// Query numbers of job `k` start at `(k mod 2^24) << QUERY_SHIFT`: an answer names its job
-/// (jobs 2^24 joins apart share a range; an answer is still taken only from the worker asked).
+/// Query numbers of job `k` start at `(k mod 2^24) << QUERY_SHIFT`, so jobs' numbers differ
+/// (jobs 2^24 joins apart share a range); an answer goes to the job that waits for that number
+/// from that worker.
 const QUERY_SHIFT: u32 = 40;
 
 /// A member's connection and what it has been sent.
@@ -124,7 +125,7 @@ impl Hub {
             conns: BTreeMap::new(),
             leases: Leases::new(attempt_base(cfg.epoch)),
             links: BTreeMap::new(),
-            next_job: 1,
+            next_job: JobKey(1),
         };
         let hub = Arc::new(Hub { cfg, addr, clock: Instant::now(), state: Mutex::new(state) });
         let serving = hub.clone();
@@ -155,9 +156,9 @@ impl Hub {
         let (tx, notes) = unbounded();
         let mut s = self.lock();
         let key = s.next_job;
-        s.next_job += 1;
-        let queries =
-            Arc::new(Mutex::new(PendingQueries::numbered_from((key % (1 << (64 - QUERY_SHIFT))) << QUERY_SHIFT)));
+        s.next_job = JobKey(key.0 + 1);
+        let base = (key.0 % (1 << (64 - QUERY_SHIFT))) << QUERY_SHIFT;
+        let queries = Arc::new(Mutex::new(PendingQueries::numbered_from(base)));
         s.links.insert(key, Link { notes: tx, armed: None, queries: queries.clone() });
         JobLink { hub: self.clone(), key, notes, queries }
     }
@@ -231,9 +232,8 @@ fn route(s: &mut State, id: u64, m: ToCoordinator) {
     let attempt = match &m {
         ToCoordinator::Heartbeat | ToCoordinator::Register { .. } => return,
         ToCoordinator::QueryAnswer { query, .. } => {
-            let of = |k: &JobKey| k % (1 << (64 - QUERY_SHIFT)) == query >> QUERY_SHIFT;
-            let waits = |l: &Link| l.queries.lock().unwrap_or_else(|p| p.into_inner()).awaits(id, *query);
-            if let Some(link) = s.links.iter().filter(|(k, _)| of(k)).map(|(_, l)| l).find(|l| waits(l)) {
+            let waits = |l: &&Link| l.queries.lock().unwrap_or_else(|p| p.into_inner()).awaits(id, *query);
+            if let Some(link) = s.links.values().find(waits) {
                 let ToCoordinator::QueryAnswer { query, answer } = m else { unreachable!() };
                 link.queries.lock().unwrap_or_else(|p| p.into_inner()).answer(id, query, answer);
             }

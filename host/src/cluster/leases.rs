@@ -16,7 +16,8 @@ use crate::cluster::protocol::AttemptNo;
 
 /// A job on the coordinator (numbered as it joins; not its name, which a later run of the
 /// same job file reuses).
-pub type JobKey = u64;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobKey(pub u64);
 
 /// The coordinator's leases of workers to jobs.
 #[derive(Debug)]
@@ -95,40 +96,45 @@ impl Leases {
 mod tests {
     use super::*;
 
+    const J1: JobKey = JobKey(1);
+    const J2: JobKey = JobKey(2);
+    const J7: JobKey = JobKey(7);
+    const J8: JobKey = JobKey(8);
+
     #[test]
     fn cluster_leases_a_worker_serves_one_job_and_attempts_rise_across_jobs() {
         let mut l = Leases::new(10);
         let all = [1, 2, 3];
-        assert_eq!(l.open_to(7, &all), vec![1, 2, 3]);
-        let a = l.take(7, &[1, 2]);
+        assert_eq!(l.open_to(J7, &all), vec![1, 2, 3]);
+        let a = l.take(J7, &[1, 2]);
         assert_eq!(a, 10);
         // Job 8 sees only the free worker; job 7 still sees its own.
-        assert_eq!(l.open_to(8, &all), vec![3]);
-        assert_eq!(l.open_to(7, &all), vec![1, 2, 3]);
-        let b = l.take(8, &[3]);
+        assert_eq!(l.open_to(J8, &all), vec![3]);
+        assert_eq!(l.open_to(J7, &all), vec![1, 2, 3]);
+        let b = l.take(J8, &[3]);
         assert!(b > a);
-        assert_eq!((l.job_of(a), l.job_of(b)), (Some(7), Some(8)));
+        assert_eq!((l.job_of(a), l.job_of(b)), (Some(J7), Some(J8)));
         // Job 7 restarts on worker 1 alone: worker 2 is free again, its older attempt unrouted.
-        let a2 = l.take(7, &[1]);
+        let a2 = l.take(J7, &[1]);
         assert!(a2 > b);
-        assert_eq!((l.job_of(a), l.job_of(a2)), (None, Some(7)));
-        assert_eq!(l.open_to(8, &all), vec![2, 3]);
+        assert_eq!((l.job_of(a), l.job_of(a2)), (None, Some(J7)));
+        assert_eq!(l.open_to(J8, &all), vec![2, 3]);
         // Job 8 moves onto worker 2: the number it is sent there outranks job 7's there.
-        let b2 = l.take(8, &[2, 3]);
+        let b2 = l.take(J8, &[2, 3]);
         assert!(b2 > a);
-        assert_eq!((l.holder(2), l.holder(1)), (Some(8), Some(7)));
+        assert_eq!((l.holder(2), l.holder(1)), (Some(J8), Some(J7)));
     }
 
     #[test]
     fn cluster_leases_a_lost_worker_or_an_ended_job_frees_what_it_held() {
         let mut l = Leases::new(1);
-        let a = l.take(1, &[1, 2]);
+        let a = l.take(J1, &[1, 2]);
         l.lost(2);
         assert_eq!(l.holder(2), None);
-        assert_eq!(l.open_to(2, &[1, 2]), vec![2]);
-        l.release(1);
+        assert_eq!(l.open_to(J2, &[1, 2]), vec![2]);
+        l.release(J1);
         assert_eq!((l.held(), l.job_of(a)), (0, None));
-        assert_eq!(l.open_to(2, &[1, 2]), vec![1, 2]);
+        assert_eq!(l.open_to(J2, &[1, 2]), vec![1, 2]);
     }
 
     #[test]
@@ -136,17 +142,17 @@ mod tests {
         // Two jobs each lost a worker and neither can place again on what it holds: the one that
         // gives up its workers while it waits lets the other place.
         let mut l = Leases::new(1);
-        let a = l.take(1, &[1, 2]);
-        l.take(2, &[3, 4]);
+        let a = l.take(J1, &[1, 2]);
+        l.take(J2, &[3, 4]);
         l.lost(2);
         l.lost(4);
-        assert_eq!(l.held_by(1), (vec![1], Some(a)));
-        l.idle(1);
-        assert_eq!(l.held_by(1), (vec![], Some(a)));
-        assert_eq!(l.job_of(a), Some(1));
-        assert_eq!(l.open_to(2, &[1, 3]), vec![1, 3]);
-        let b = l.take(2, &[1, 3]);
-        assert_eq!((l.holder(1), l.holder(3), l.open_to(1, &[1, 3])), (Some(2), Some(2), vec![]));
+        assert_eq!(l.held_by(J1), (vec![1], Some(a)));
+        l.idle(J1);
+        assert_eq!(l.held_by(J1), (vec![], Some(a)));
+        assert_eq!(l.job_of(a), Some(J1));
+        assert_eq!(l.open_to(J2, &[1, 3]), vec![1, 3]);
+        let b = l.take(J2, &[1, 3]);
+        assert_eq!((l.holder(1), l.holder(3), l.open_to(J1, &[1, 3])), (Some(J2), Some(J2), vec![]));
         assert!(b > a);
     }
 }
