@@ -498,3 +498,103 @@ fn cluster_ha_a_cluster_stored_by_an_earlier_weir_keeps_its_job_and_its_end() {
     }
     assert!(!dir.path().join("out").exists(), "the finished job must not run again");
 }
+
+/// The URL of the tenants' API a serving coordinator logged once it served.
+fn api_url(log: &Arc<Mutex<String>>) -> String {
+    wait_for(log, "tenant(s) at ");
+    let l = log.lock().unwrap();
+    l.split("tenant(s) at ").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+/// `weir coordinator --serve --etcd`: a tenant submits a job to the leader; the leader is
+/// killed after the job's first checkpoint recorded in etcd; the standby takes the job back
+/// under the same id and tenant from that checkpoint, and the tenant follows it to its end on
+/// the standby's API with output equal to the failure-free run's.
+#[test]
+fn cluster_ha_serve_sigkill_of_the_leader_hands_tenants_jobs_to_the_standby_exactly_once() {
+    let etcd = Etcd::start();
+    let dir = scratch();
+    let d = dir.path();
+    let token = "alpha-token-0123456789";
+    let config = d.join("server.toml");
+    let data = d.join("data");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n[[tenant]]\nname = \"alpha\"\ntoken = \"{token}\"\n",
+            data.display().to_string()
+        ),
+    )
+    .unwrap();
+    let job_dir = d.join("job");
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let expected = write_input(&job_dir.join("input.txt"), 500_000, 43);
+    let job = job_into(&job_dir, "wc-ha-serve", "type = \"file\"\npath = \"out\"");
+    let secret = secret(d);
+    let serving =
+        |addr: SocketAddr| coordinator_on(&[], &secret, &format!("{addr} --serve {}", config.display()), &etcd, &[]);
+    let mut c1 = serving(free_addr());
+    let url1 = api_url(&c1.1);
+    let mut c2 = serving(free_addr());
+    wait_for(&c2.1, "standby: cluster `ha` is led by the coordinator at");
+    assert!(!c2.1.lock().unwrap().contains("tenant(s) at "), "a standby must not serve tenants");
+    let mut procs = Procs::default();
+    for w in ["w1", "w2"] {
+        procs.0.push(worker_by_etcd(&etcd, &secret, w, d));
+    }
+    let cli = |url: &str, args: &[&str]| {
+        let out = weir().args(["--server", url, "--token", token]).args(args).output().unwrap();
+        assert!(out.status.success(), "weir {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let id = cli(&url1, &["submit", job.to_str().unwrap()]).trim().to_string();
+    let number: u64 = id.rsplit('-').next().unwrap().parse().unwrap();
+    let stored = format!("/weir/ha/served/alpha/{id}");
+    assert!(etcd.get(&stored).is_some_and(|v| v.contains("wc-ha-serve")), "the job is stored before its id is given");
+    // The event the test controls: a checkpoint of the job recorded in etcd.
+    let recorded = format!("/weir/ha/served-checkpoint/alpha/{id}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while etcd.get(&recorded).is_none() {
+        assert!(c1.0.try_wait().unwrap().is_none(), "the leader ended:\n{}", c1.1.lock().unwrap());
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c1.1.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(etcd.get(&stored).is_some(), "the job must still run on the leader");
+    // etcd holds a small record; the job file stays in the tenant's directory.
+    let kept = data.join(format!("alpha/jobs/{number}.toml"));
+    assert!(etcd.get(&stored).unwrap().len() < 1024 && kept.exists(), "{:?}", etcd.get(&stored));
+    // A stored job whose file is gone cannot be taken over: its tenant sees why, and it is removed.
+    let lost = "/weir/ha/served/alpha/lost-99";
+    etcd.put(
+        lost,
+        r#"{"tenant":"alpha","id":"lost-99","number":99,"restore":null,"allow_non_restored_state":false,"sha256":"00"}"#,
+    );
+    c1.0.kill().unwrap(); // SIGKILL
+    c1.0.wait().unwrap();
+    let url2 = api_url(&c2.1);
+    let t0 = Instant::now();
+    while !cli(&url2, &["status", &id]).contains("\"state\": \"FINISHED\"") {
+        assert!(t0.elapsed() < Duration::from_secs(180), "not finished: {}", cli(&url2, &["status", &id]));
+        assert!(c2.0.try_wait().unwrap().is_none(), "the standby ended:\n{}", c2.1.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = c2.1.lock().unwrap().clone();
+    assert!(log.contains(&format!("tenant `alpha`'s job `{id}`: taking over from checkpoint")), "{log}");
+    assert!(log.contains("restoring job `wc-ha-serve` from checkpoint"), "{log}");
+    let got = committed_lines(&data.join("alpha/files/out"));
+    assert_eq!(got.len(), expected.len(), "line count after the takeover");
+    assert!(got == expected, "committed output differs from the failure-free output");
+    // Over: no later leader runs it again; and no later job gets its number.
+    assert_eq!(etcd.get(&stored), None, "the finished job is removed from etcd");
+    assert_eq!(etcd.get(&recorded), None);
+    assert!(!kept.exists(), "its job file is removed with it");
+    let st = cli(&url2, &["status", "lost-99"]);
+    assert!(st.contains("FAILED") && st.contains("could not be taken over") && st.contains("jobs/99.toml"), "{st}");
+    assert!(!st.contains(&d.display().to_string()), "no server paths in a tenant's error: {st}");
+    assert_eq!(etcd.get(lost), None, "a job that cannot be taken over is removed");
+    let next: u64 = etcd.get("/weir/ha/served-next").unwrap().parse().unwrap();
+    assert!(next > number, "served-next {next} after job number {number}");
+    c2.0.kill().unwrap();
+    c2.0.wait().unwrap();
+    drop(procs);
+}

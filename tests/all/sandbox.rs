@@ -337,6 +337,11 @@ mod server {
         let theirs = oracle_job("theirs", &oracle, 1, "");
         let (s, v) = call(&addr, "POST", "/v1/jobs", EVIL, theirs.as_bytes());
         assert!(s == 400 && v["error"].as_str().unwrap().contains("no uploaded component"), "{v}");
+        // A job file is small (a launcher keeps it in etcd): a huge one is refused, naming the bound.
+        let huge =
+            format!("{}\n# {}", oracle_job("huge", &hostile, 1, ""), "x".repeat(weir::api::submit::MAX_JOB_FILE));
+        let (s, v) = call(&addr, "POST", "/v1/jobs", EVIL, huge.as_bytes());
+        assert!(s == 413 && v["error"].as_str().unwrap().contains("more than a job file may have"), "{v}");
         let (s, _) = call(&addr, "POST", "/v1/files?name=../../acme/files/x", EVIL, b"x");
         assert_eq!(s, 400);
         let (s, _) = call(&addr, "GET", "/v1/jobs", "no-such-token", b"");

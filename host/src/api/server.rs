@@ -32,7 +32,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -41,12 +41,11 @@ use wasmtime::Engine;
 
 use crate::api::http::{self, Response};
 use crate::api::listener::{self, Caller, FrontDoor, Listening, Routes};
+use crate::api::submit::Launcher;
 use crate::api::tenants::{ServerConfig, Tenant, confined};
 use crate::disk_budget::DiskBudget;
-use crate::graph::logical::{JobGraph, NodeKind, SinkKind, SourceKind};
 use crate::operator::OperatorFactory;
 use crate::runtime::cpu_shares::{CpuGroup, CpuShares};
-use crate::runtime::executor::{self, RestoreFrom, RunOptions};
 use crate::runtime::handle::JobHandle;
 use crate::sandbox::instance::{LoadedComponent, sha256_hex};
 
@@ -63,15 +62,15 @@ pub struct ServedJob {
 }
 
 #[derive(Clone)]
-struct Entry {
-    tenant: String,
-    job: ServedJob,
+pub(super) struct Entry {
+    pub(super) tenant: String,
+    pub(super) job: ServedJob,
     /// Guest memory it may use: `memory_mb` x operator subtasks.
-    memory_mb: u64,
+    pub(super) memory_mb: u64,
     /// Subtasks (threads) it runs.
-    subtasks: u64,
+    pub(super) subtasks: u64,
     /// Operator instances it holds.
-    instances: u64,
+    pub(super) instances: u64,
 }
 
 /// Operator instances one server runs at once (the pooling allocator's slots, minus room
@@ -80,12 +79,12 @@ pub const SERVER_INSTANCES: u64 = crate::sandbox::engine::POOL_INSTANCES as u64 
 
 /// The shared state of the API.
 pub struct Api {
-    tenants: Vec<Tenant>,
-    engine: Engine,
-    jobs: Mutex<BTreeMap<String, Entry>>,
+    pub(super) tenants: Vec<Tenant>,
+    pub(super) engine: Engine,
+    pub(super) jobs: Mutex<BTreeMap<String, Entry>>,
     /// Server mode: `<data_dir>`, under which each tenant has its directory.
     data_dir: Option<PathBuf>,
-    next_id: AtomicU64,
+    pub(super) next_id: AtomicU64,
     /// Per tenant, held while compiling its uploaded or submitted components: a tenant
     /// compiles one component at a time, in one of the process's compile slots
     /// (`sandbox::compile_cache`), so it never holds up another tenant's compiles.
@@ -99,24 +98,10 @@ pub struct Api {
     /// Server mode: the tenants' CPU groups (kept alive for as long as the API).
     cpu: CpuShares,
     /// Each tenant's CPU group, where the host offers them.
-    cpu_groups: BTreeMap<String, Arc<CpuGroup>>,
+    pub(super) cpu_groups: BTreeMap<String, Arc<CpuGroup>>,
     /// Where submitted jobs run, if not in this process (`weir coordinator --serve`).
-    launcher: OnceLock<Launcher>,
+    pub(super) launcher: OnceLock<Arc<dyn Launcher>>,
 }
-
-/// Runs a submitted job elsewhere than in this process (on a cluster's workers): given the
-/// bound job, its job file's path and text (as the tenant's directory holds it), and the
-/// options a job of the tenant runs with. Returns when the job has ended.
-pub type Launcher = Arc<
-    dyn Fn(
-            &crate::job::bind::BoundJob,
-            &Path,
-            &str,
-            &RunOptions,
-        ) -> Result<executor::RunSummary, crate::runtime::error::RunError>
-        + Send
-        + Sync,
->;
 
 /// A running API server; dropping it stops accepting, then lets requests in flight write
 /// their answers (e.g. the reply to the `stop` that ended the job), for up to 5 s.
@@ -133,7 +118,7 @@ struct SavepointBody {
     dir: Option<PathBuf>,
 }
 
-type Answer = Result<Response, Response>;
+pub(super) type Answer = Result<Response, Response>;
 
 /// The tenants' CPU shares as `config` asks; an error names the setting a host cannot keep (a
 /// required cgroup, a tenant's cap without one).
@@ -221,7 +206,7 @@ impl Api {
     }
 
     /// Submitted jobs run through `launcher` from now on, not in this process (set once).
-    pub fn launch_with(&self, launcher: Launcher) {
+    pub fn launch_with(&self, launcher: Arc<dyn Launcher>) {
         let _ = self.launcher.set(launcher);
     }
 
@@ -346,7 +331,7 @@ impl Api {
 
     /// Refuses `adding` bytes that would take the tenant's directory (uploads, outputs,
     /// checkpoints, savepoints) past its `max_disk_mb`.
-    fn check_disk(&self, tenant: &Tenant, adding: u64) -> Result<(), Response> {
+    pub(super) fn check_disk(&self, tenant: &Tenant, adding: u64) -> Result<(), Response> {
         let used = crate::disk_budget::disk_usage(&self.hosting_dir(tenant)?);
         let quota = tenant.max_disk_mb.saturating_mul(1 << 20);
         if used.saturating_add(adding) > quota {
@@ -366,7 +351,7 @@ impl Api {
     }
 
     /// `tenant`'s disk budget, shared by its running jobs (made at its first job).
-    fn disk_budget(&self, tenant: &Tenant) -> Result<Arc<DiskBudget>, Response> {
+    pub(super) fn disk_budget(&self, tenant: &Tenant) -> Result<Arc<DiskBudget>, Response> {
         let dir = self.hosting_dir(tenant)?;
         let mut budgets = self.disk_budgets.lock().unwrap_or_else(|p| p.into_inner());
         Ok(budgets
@@ -376,12 +361,12 @@ impl Api {
     }
 
     /// Runs `f` (which may compile) with its compilations' CPU charged to `tenant`'s group.
-    fn charged<R>(&self, tenant: &Tenant, f: impl FnOnce() -> R) -> R {
+    pub(super) fn charged<R>(&self, tenant: &Tenant, f: impl FnOnce() -> R) -> R {
         let charge = self.cpu_groups.get(&tenant.name).cloned().map(|g| g as crate::sandbox::isolated_compile::Charge);
         crate::sandbox::isolated_compile::charged_to(charge, f)
     }
 
-    fn compile_lock(&self, tenant: &Tenant) -> Arc<Mutex<()>> {
+    pub(super) fn compile_lock(&self, tenant: &Tenant) -> Arc<Mutex<()>> {
         self.compiling.lock().unwrap_or_else(|p| p.into_inner()).entry(tenant.name.clone()).or_default().clone()
     }
 
@@ -412,15 +397,21 @@ impl Api {
         Response::prometheus(crate::api::metrics::render(&rendered))
     }
 
-    fn hosting_dir(&self, tenant: &Tenant) -> Result<PathBuf, Response> {
+    pub(super) fn hosting_dir(&self, tenant: &Tenant) -> Result<PathBuf, Response> {
         self.data_dir
             .as_ref()
             .map(|d| d.join(&tenant.name))
             .ok_or_else(|| Response::error(404, "this API serves one job; submitting needs `weir serve`"))
     }
 
+    /// Server mode: the directory of tenant `name`, if it is one of the server's.
+    pub fn tenant_dir(&self, name: &str) -> Option<PathBuf> {
+        let t = self.tenants.iter().find(|t| t.name == name)?;
+        self.hosting_dir(t).ok()
+    }
+
     /// A path the tenant named, inside its files directory.
-    fn tenant_path(&self, tenant: &Tenant, rel: &Path) -> Result<PathBuf, Response> {
+    pub(super) fn tenant_path(&self, tenant: &Tenant, rel: &Path) -> Result<PathBuf, Response> {
         let files = self.hosting_dir(tenant)?.join("files");
         let p = files.join(rel);
         if rel.is_absolute() || !confined(&files, &p) {
@@ -462,141 +453,6 @@ impl Api {
         crate::checkpoint::storage::write_atomic(&p, &req.body)
             .map_err(|e| Response::error(500, format!("storing {name}: {e}")))?;
         Ok(Response::ok(&serde_json::json!({ "stored": name, "bytes": req.body.len() })))
-    }
-
-    /// Checks a submitted job against the tenant's directory and quotas, then starts it.
-    fn submit(&self, tenant: &Tenant, req: &http::Request) -> Answer {
-        let root = self.hosting_dir(tenant)?;
-        let files = root.join("files");
-        // Errors go back to the tenant without the server's directory layout.
-        let scrub = |status: u16, m: String| Response::error(status, m.replace(&format!("{}/", files.display()), ""));
-        // `?restore=latest` or `?restore=<savepoint dir in your files>`.
-        let restore = match req.param("restore").map(http::decode) {
-            None => None,
-            Some(r) if r == "latest" => Some(RestoreFrom::Latest),
-            Some(r) => Some(RestoreFrom::Path(self.tenant_path(tenant, Path::new(&r))?)),
-        };
-        let allow_non_restored_state = req.param("allow_non_restored_state") == Some("true");
-        self.check_disk(tenant, req.body.len() as u64)?;
-        let text = std::str::from_utf8(&req.body).map_err(|_| Response::error(400, "the job file is not UTF-8"))?;
-        // Paths are checked as written, before anything looks at the filesystem.
-        let text = preprocess(text, &root.join("components")).map_err(|e| Response::error(400, e))?;
-        let id_n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        // Relative paths in the job resolve against the tenant's files directory.
-        let path = files.join(format!(".job-{id_n}.toml"));
-        std::fs::write(&path, &text).map_err(|e| Response::error(500, e.to_string()))?;
-        let mut graph = crate::job::parse(&path, &text).map_err(|e| scrub(400, e.to_string()))?;
-        confine(&mut graph, &root).map_err(|e| scrub(400, format!("job `{}`: {e}", graph.name)))?;
-        let bad = |m: String| Response::error(409, format!("job `{}` refused: {m}", graph.name));
-        if let Some(n) = graph.nodes.iter().find(|n| n.parallelism > tenant.max_parallelism) {
-            return Err(bad(format!(
-                "node `{}` has parallelism {}, above tenant `{}`'s quota of {} (max_parallelism)",
-                n.id, n.parallelism, tenant.name, tenant.max_parallelism
-            )));
-        }
-        let instances: u64 =
-            graph.nodes.iter().filter(|n| matches!(n.kind, NodeKind::Operator(_))).map(|n| n.parallelism as u64).sum();
-        let subtasks: u64 = graph.nodes.iter().map(|n| n.parallelism as u64).sum();
-        let memory_mb = instances * graph.limits.memory_mb;
-        let id = format!("{}-{id_n}", graph.name);
-        let (handle, endpoint) = JobHandle::new(&graph.name);
-        {
-            // Quotas are checked and the slot taken under one lock, before any compiling.
-            let mut jobs = self.jobs.lock().unwrap();
-            let live = |e: &&Entry| !e.job.handle.status().state.is_terminal();
-            let running: Vec<&Entry> = jobs.values().filter(live).filter(|e| e.tenant == tenant.name).collect();
-            if running.len() as u32 >= tenant.max_jobs {
-                return Err(bad(format!(
-                    "tenant `{}` already runs {} job(s), its quota (max_jobs)",
-                    tenant.name, tenant.max_jobs
-                )));
-            }
-            if running.iter().any(|e| e.job.handle.status().name == graph.name) {
-                return Err(bad(format!(
-                    "a job named `{}` is already running; stop it or rename this one",
-                    graph.name
-                )));
-            }
-            let used: u64 = running.iter().map(|e| e.memory_mb).sum();
-            if used + memory_mb > tenant.max_memory_mb {
-                return Err(bad(format!(
-                    "it needs {memory_mb} MiB of guest memory ({instances} operator subtasks x memory_mb = {}), and \
-                     tenant `{}` has {} of {} MiB left (max_memory_mb)",
-                    graph.limits.memory_mb,
-                    tenant.name,
-                    tenant.max_memory_mb.saturating_sub(used),
-                    tenant.max_memory_mb
-                )));
-            }
-            let used_subtasks: u64 = running.iter().map(|e| e.subtasks).sum();
-            if used_subtasks + subtasks > tenant.max_subtasks as u64 {
-                return Err(bad(format!(
-                    "it runs {subtasks} subtasks (threads), and tenant `{}` has {} of {} left (max_subtasks)",
-                    tenant.name,
-                    (tenant.max_subtasks as u64).saturating_sub(used_subtasks),
-                    tenant.max_subtasks
-                )));
-            }
-            let all_instances: u64 = jobs.values().filter(live).map(|e| e.instances).sum();
-            if all_instances + instances > SERVER_INSTANCES {
-                return Err(Response::error(
-                    503,
-                    format!("the server runs {all_instances} operator instances of {SERVER_INSTANCES}; retry later"),
-                ));
-            }
-            let checkpoint_root = graph.checkpoint.as_ref().map(|c| c.dir.join(&graph.name));
-            jobs.insert(
-                id.clone(),
-                Entry {
-                    tenant: tenant.name.clone(),
-                    job: ServedJob { handle, checkpoint_root },
-                    memory_mb,
-                    subtasks,
-                    instances,
-                },
-            );
-        }
-        let release = |r: Response| {
-            self.jobs.lock().unwrap().remove(&id);
-            r
-        };
-        let bound = {
-            // One compile at a time per tenant (cached by digest: an uploaded component is
-            // not compiled again here).
-            let lock = self.compile_lock(tenant);
-            let _compiling = lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.charged(tenant, || crate::job::bind::bind(&self.engine, graph.clone()))
-                .map_err(|e| release(scrub(400, e.to_string())))?
-        };
-        let opts = RunOptions {
-            quiet_guests: true,
-            restore,
-            allow_non_restored_state,
-            cpu_group: self.cpu_groups.get(&tenant.name).cloned(),
-            disk_budget: Some(self.disk_budget(tenant).map_err(release)?),
-            // Disk-backed operators' stores live in the tenant's directory, charged to its
-            // quota like its sinks' output.
-            state_dir: Some(self.hosting_dir(tenant).map_err(release)?),
-            ..Default::default()
-        };
-        // Refused before it starts: a savepoint its components cannot take over, and so on.
-        executor::preflight(&bound, &opts).map_err(|e| release(scrub(409, e.to_string())))?;
-        let job_id = id.clone();
-        let launcher = self.launcher.get().cloned();
-        std::thread::Builder::new()
-            .name(format!("job-{id}"))
-            .spawn(move || {
-                let opts = RunOptions { endpoint: Some(endpoint), ..opts };
-                let ran = match launcher {
-                    Some(launch) => launch(&bound, &path, &text, &opts),
-                    None => executor::run(&bound, &opts),
-                };
-                if let Err(e) = ran {
-                    tracing::error!(job = %job_id, "{e}");
-                }
-            })
-            .map_err(|e| release(Response::error(500, format!("cannot start job: {e}"))))?;
-        Ok(Response::ok(&serde_json::json!({ "id": id })))
     }
 }
 
@@ -649,110 +505,6 @@ fn checkpoint_detail(j: &ServedJob, id: &str, cid: &str) -> Answer {
         Response::error(404, format!("job `{id}` has no completed checkpoint {n} (retained ones are listed by GET /v1/jobs/{id}/checkpoints): {e}"))
     })?;
     Ok(Response::ok(&manifest))
-}
-
-/// Server mode: every path a job uses must lie in its tenant's directory, components must be
-/// uploaded ones (`sha256:<digest>`), and there is no stdin or stdout to share.
-fn confine(graph: &mut JobGraph, root: &Path) -> Result<(), String> {
-    let files = root.join("files");
-    let inside = |p: &Path, what: &str| {
-        if confined(&files, p) {
-            Ok(())
-        } else {
-            Err(format!("{what} {} is outside your directory; use a relative path without `..`", p.display()))
-        }
-    };
-    if let Some(c) = &graph.checkpoint {
-        if let Some(url) = &c.remote {
-            // Object storage would be reached with the server's own credentials.
-            return Err(format!(
-                "checkpoint dir {url}: object storage is not available to a server's tenants; use a relative directory"
-            ));
-        }
-        inside(&c.dir, "checkpoint dir")?;
-    }
-    for n in &mut graph.nodes {
-        match &mut n.kind {
-            NodeKind::Source(SourceKind::File { path, .. }) => inside(path, &format!("source `{}` path", n.id))?,
-            NodeKind::Source(SourceKind::Stdin) => {
-                return Err(format!("source `{}`: a server has no stdin to give; upload a file", n.id));
-            }
-            NodeKind::Source(SourceKind::Generator(_) | SourceKind::Nexmark(_)) => {}
-            NodeKind::Sink(SinkKind::File { path, .. }) => inside(path, &format!("sink `{}` path", n.id))?,
-            NodeKind::Sink(SinkKind::Stdout { .. }) => {
-                return Err(format!("sink `{}`: a server's stdout is shared; use a file sink", n.id));
-            }
-            NodeKind::Sink(SinkKind::Blackhole { .. }) => {}
-            NodeKind::Sink(SinkKind::Postgres(_)) => {
-                return Err(format!(
-                    "sink `{}`: a shared server does not open network connections for tenants' jobs yet \
-                     (their destinations are not confined); run a PostgreSQL sink with `weir run`",
-                    n.id
-                ));
-            }
-            NodeKind::Source(SourceKind::Kafka(_)) | NodeKind::Sink(SinkKind::Kafka(_)) => {
-                return Err(format!(
-                    "`{}`: a shared server does not open network connections for tenants' jobs yet \
-                     (their destinations are not confined); run Kafka sources and sinks with `weir run`",
-                    n.id
-                ));
-            }
-            NodeKind::Operator(op) => {
-                if !confined(&root.join("components"), &op.component) {
-                    return Err(format!("operator `{}`: its component is not one you uploaded", n.id));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Checks the paths of a submitted job as written (relative, no `..`), and rewrites every
-/// operator's `component = "sha256:<digest>"` (what POST /v1/components answered) to the
-/// tenant's stored component, in place so error lines still match what the tenant sent;
-/// anything else is refused.
-fn preprocess(text: &str, components: &Path) -> Result<String, String> {
-    let doc: toml::Table = text.parse().map_err(|e| format!("the job file is not valid TOML: {e}"))?;
-    let relative = |p: &str, what: String| {
-        let p = Path::new(p);
-        if p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-            Err(format!("{what} {} is outside your directory; use a relative path without `..`", p.display()))
-        } else {
-            Ok(())
-        }
-    };
-    if let Some(dir) = doc.get("checkpoint").and_then(|c| c.get("dir")).and_then(|d| d.as_str()) {
-        relative(dir, "checkpoint dir".into())?;
-    }
-    for section in ["source", "sink"] {
-        for node in doc.get(section).and_then(|s| s.as_array()).into_iter().flatten() {
-            if let Some(p) = node.get("path").and_then(|p| p.as_str()) {
-                let id = node.get("id").and_then(|v| v.as_str()).unwrap_or("?");
-                relative(p, format!("{section} `{id}` path"))?;
-            }
-        }
-    }
-    let mut out = text.to_string();
-    if let Some(ops) = doc.get("operator").and_then(|o| o.as_array()) {
-        for op in ops {
-            let Some(t) = op.as_table() else { continue };
-            let id = t.get("id").and_then(|v| v.as_str()).unwrap_or("?").to_string();
-            let Some(c) = t.get("component").and_then(|c| c.as_str()) else { continue };
-            let Some(sha) = c.strip_prefix("sha256:") else {
-                return Err(format!(
-                    "operator `{id}`: name its component as `sha256:<digest>`, as POST /v1/components answered \
-                     (`weir submit` does this for you)"
-                ));
-            };
-            let p = components.join(format!("{sha}.wasm"));
-            if sha.is_empty() || !sha.chars().all(|c| c.is_ascii_hexdigit()) || !p.exists() {
-                return Err(format!("operator `{id}`: no uploaded component sha256:{sha}; upload it first"));
-            }
-            let path = format!("{:?}", p.display().to_string());
-            out = out.replace(&format!("\"{c}\""), &path).replace(&format!("'{c}'"), &path);
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -200,8 +200,9 @@ enum Command {
         jobs: Vec<PathBuf>,
         /// Serve tenants instead of running job files: the API `weir serve --config CONFIG`
         /// would serve (tenants, tokens, quotas, uploads, `weir submit`), whose jobs run on
-        /// this coordinator's workers.
-        #[arg(long, value_name = "CONFIG", conflicts_with_all = ["jobs", "etcd", "restore", "api"])]
+        /// this coordinator's workers. With --etcd, only the leader serves, and the tenants'
+        /// jobs are kept in etcd: a standby elected next takes them over under the same ids.
+        #[arg(long, value_name = "CONFIG", conflicts_with_all = ["jobs", "restore", "api"])]
         serve: Option<PathBuf>,
         /// Address workers connect to (printed as `listening on ADDR`).
         #[arg(long, default_value = "127.0.0.1:7070")]
@@ -514,7 +515,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 }
             }
             if let Some(config) = serve {
-                return serve_on_cluster(&config, cfg);
+                return serve_on_cluster(&config, cfg, ha.zip(advertise));
             }
             run_coordinator(&jobs, cfg, ha.zip(advertise), restore, allow_non_restored_state, &api)
         }
@@ -1165,17 +1166,32 @@ fn log_serving(cfg: &weir::api::tenants::ServerConfig, api: &Api, addr: std::net
 /// `weir coordinator --serve CONFIG`: the tenants' API of `weir serve`, with every job
 /// submitted to it run on this coordinator's workers (each placed into the workers free for
 /// it, as the coordinator's jobs are). Quotas are checked here as `weir serve` checks them.
-fn serve_on_cluster(config: &Path, cluster: weir::cluster::coordinator::CoordinatorConfig) -> Result<()> {
-    use weir::cluster::coordinator::{Cluster, JobSource};
+/// With `ha`, first becomes the cluster's leader and takes back the tenants' jobs etcd holds
+/// (each from its newest checkpoint) before it serves the API; jobs submitted then are
+/// stored in etcd before their tenant hears of them.
+fn serve_on_cluster(
+    config: &Path,
+    mut cluster: weir::cluster::coordinator::CoordinatorConfig,
+    ha: Option<(weir::cluster::ha::HaConfig, String)>,
+) -> Result<()> {
+    use weir::api::on_cluster::{OnCluster, resume_all};
     let (cfg, api) = hosting_api(config)?;
+    let leader = match ha {
+        Some((h, advertise)) => Some(std::sync::Arc::new(weir::cluster::ha::Leadership::campaign(h, &advertise)?)),
+        None => None,
+    };
+    if let Some(l) = &leader {
+        cluster.epoch = l.epoch();
+    }
     let listen = cluster.listen;
     let hub =
         weir::cluster::hub::Hub::start(cluster).with_context(|| format!("cannot listen on {listen} for workers"))?;
-    let on = hub.clone();
-    api.launch_with(std::sync::Arc::new(move |bound, path, text, opts| {
-        let source = JobSource { path: path.to_path_buf(), text: text.to_string() };
-        Cluster::on(&on).run(bound, &source, opts)
-    }));
+    let launcher = std::sync::Arc::new(OnCluster::new(hub.clone(), leader.clone()));
+    api.launch_with(launcher.clone());
+    if let Some(l) = &leader {
+        let n = resume_all(&api, &launcher, l)?;
+        tracing::info!("took over {n} tenants' job(s) stored in etcd");
+    }
     let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
     println!("listening on {}", hub.addr());
     tracing::warn!(

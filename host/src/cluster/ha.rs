@@ -183,16 +183,21 @@ impl Leadership {
         Ok(Leadership { leader_key: key.key().to_vec(), epoch, client, cfg, valid_until })
     }
 
+    /// The cluster's name.
+    pub(super) fn cluster(&self) -> String {
+        self.cfg.cluster.clone()
+    }
+
     /// The leader's epoch: higher for every later leader.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
 
-    fn key(&self, name: &str) -> String {
+    pub(super) fn key(&self, name: &str) -> String {
         format!("/weir/{}/{name}", self.cfg.cluster)
     }
 
-    fn get(&self, name: &str) -> Result<Option<Vec<u8>>, HaError> {
+    pub(super) fn get(&self, name: &str) -> Result<Option<Vec<u8>>, HaError> {
         let mut c = self.client.clone();
         let key = self.key(name);
         let r = io_runtime()
@@ -241,7 +246,7 @@ impl Leadership {
     }
 
     /// Applies `ops` if this coordinator still leads.
-    fn commit(&self, ops: Vec<TxnOp>, what: &str) -> Result<(), HaError> {
+    pub(super) fn commit(&self, ops: Vec<TxnOp>, what: &str) -> Result<(), HaError> {
         let txn = Txn::new()
             .when([Compare::create_revision(self.leader_key.clone(), CompareOp::Equal, self.epoch as i64)])
             .and_then(ops);
@@ -258,20 +263,34 @@ impl Leadership {
 
     /// The jobs stored for the cluster, by name.
     pub fn jobs(&self) -> Result<Vec<StoredJob>, HaError> {
-        let mut c = self.client.clone();
-        let prefix = self.key("jobs/");
-        let r = io_runtime()
-            .block_on(within(Duration::from_secs(10), c.get(prefix.clone(), Some(GetOptions::new().with_prefix()))))
-            .map_err(|m| etcd_err(&self.cfg, &format!("reading {prefix}*"), m))?;
-        r.kvs()
-            .iter()
-            .map(|kv| {
-                serde_json::from_slice(kv.value()).map_err(|e| HaError::Corrupt {
-                    key: String::from_utf8_lossy(kv.key()).into_owned(),
-                    message: e.to_string(),
-                })
+        self.list("jobs/")?
+            .into_iter()
+            .map(|(key, value)| {
+                serde_json::from_slice(&value).map_err(|e| HaError::Corrupt { key, message: e.to_string() })
             })
             .collect()
+    }
+
+    /// The keys and values under `prefix`, read a page at a time (a reply stays far below the
+    /// client's 4 MiB however many keys there are).
+    pub(super) fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, HaError> {
+        const PAGE: i64 = 64;
+        let prefix = self.key(prefix);
+        let mut end = prefix.clone().into_bytes();
+        *end.last_mut().expect("a key prefix") += 1;
+        let (mut from, mut out) = (prefix.clone().into_bytes(), Vec::new());
+        loop {
+            let mut c = self.client.clone();
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            let r = io_runtime()
+                .block_on(within(Duration::from_secs(10), c.get(from.clone(), Some(opts))))
+                .map_err(|m| etcd_err(&self.cfg, &format!("reading {prefix}*"), m))?;
+            out.extend(r.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec())));
+            match r.kvs().last() {
+                Some(last) if r.more() => from = [last.key(), &[0]].concat(),
+                _ => return Ok(out),
+            }
+        }
     }
 
     /// Stores one of the cluster's jobs.
@@ -296,8 +315,14 @@ impl Leadership {
     /// Stores `value` under `name`, retried while the lease lasts; exits the process if the
     /// write is refused or the lease may have lapsed (`what` names it in the log).
     fn record(&self, name: &str, value: Vec<u8>, what: &str) {
+        self.record_ops(|| vec![TxnOp::put(self.key(name), value.clone(), None)], what)
+    }
+
+    /// Applies the transaction `ops` builds, retried while the lease lasts; exits the process
+    /// if it is refused or the lease may have lapsed (`what` names it in the log).
+    pub(super) fn record_ops(&self, ops: impl Fn() -> Vec<TxnOp>, what: &str) {
         loop {
-            let (r, detail) = match self.put(name, value.clone()) {
+            let (r, detail) = match self.commit(ops(), &format!("recording {what}")) {
                 Ok(()) => (RecordResult::Stored, String::new()),
                 Err(e @ HaError::Deposed { .. }) => (RecordResult::Refused, e.to_string()),
                 Err(e) => (RecordResult::Failed(e.to_string()), e.to_string()),
@@ -380,7 +405,7 @@ async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, valid_until: 
     }
 }
 
-fn deposed(cluster: &str, why: &str) -> ! {
+pub(super) fn deposed(cluster: &str, why: &str) -> ! {
     tracing::error!(
         "coordinator of cluster `{cluster}`: {why}; another coordinator may lead by now, so this one stops at once (exit {EXIT_DEPOSED})"
     );

@@ -7,6 +7,7 @@
 //! machines (`roster.rs`, `round.rs` on the coordinator, `follower.rs` on a worker, `lease.rs`
 //! for the leader, the table of state queries in flight in `queries.rs`; a worker finds its
 //! coordinator by `discovery.rs`), run by these shells and by the `cluster_sim_` simulation alike.
+//! A leader keeps its cluster's jobs in etcd (`ha.rs`; tenants' submitted jobs: `served.rs`).
 
 pub mod coordinator;
 pub mod discovery;
@@ -20,4 +21,5 @@ pub mod protocol;
 pub mod queries;
 pub mod roster;
 pub mod round;
+pub mod served;
 pub mod worker;

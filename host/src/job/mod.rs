@@ -4,5 +4,6 @@ pub mod bind;
 pub mod dry_run;
 mod load;
 pub mod spec;
+pub mod submission;
 
 pub use load::{JobError, MAX_KEY_GROUPS, load, parse, parse_shipped};
