@@ -1085,6 +1085,9 @@ fn cluster_unaligned_checkpoints_overtake_the_network_and_stay_exactly_once_thro
 
 /// `weir coordinator --serve` of the tenants in `tenants` (server.toml lines) over two
 /// one-slot workers: the processes, the coordinator's log and the tenants' API URL.
+/// The digest of a component the workers of [`serving_coordinator`] start with.
+const STALE: &str = "00000000000000000000000000000000000000000000000000000000000000aa";
+
 fn serving_coordinator(d: &Path, tenants: &str) -> (Procs, Arc<Mutex<String>>, String) {
     let secret = secret(d);
     let config = d.join("server.toml");
@@ -1092,7 +1095,11 @@ fn serving_coordinator(d: &Path, tenants: &str) -> (Procs, Arc<Mutex<String>>, S
     let c = coordinator_of(&[], &secret, 2, 5000, &["--serve", config.to_str().unwrap()], &[]);
     let mut procs = Procs::default();
     for w in ["w1", "w2"] {
-        procs.0.push(worker(&c, &secret, w, 1, d));
+        // A component kept from earlier work, beyond a cap of 0: removed at the next deploy.
+        std::fs::create_dir_all(d.join(w).join("components")).unwrap();
+        std::fs::write(d.join(w).join(format!("components/{STALE}.wasm")), b"stale").unwrap();
+        let mut cmd = worker_cmd(&c, &secret, w, 1, d);
+        procs.0.push(cmd.args(["--components-max-mb", "0"]).stderr(Stdio::null()).spawn().unwrap());
     }
     let Coordinator { child, log, .. } = c;
     procs.0.push(child);
@@ -1126,6 +1133,14 @@ fn cluster_serve_tenants_submit_jobs_to_the_coordinator_that_run_on_its_workers(
     let id = crate::sandbox::wordcount_through_the_cli(&cli, &d.path().join("data/alpha/files/out"));
     let text = log.lock().unwrap().clone();
     assert!(text.contains("job `wordcount` attempt") && text.contains("subtasks on w"), "{text}");
+    // The workers keep no component beyond their cap but those of the job they ran.
+    for w in ["w1", "w2"] {
+        let kept: Vec<String> = std::fs::read_dir(d.path().join(w).join("components"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(kept.len() == 2 && !kept.iter().any(|k| k.starts_with(STALE)), "worker {w} keeps {kept:?}");
+    }
     // Another tenant does not see it, and its own quota holds on the coordinator.
     let out = run(beta, &["status", &id]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();

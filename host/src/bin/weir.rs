@@ -284,6 +284,10 @@ enum Command {
         /// Where shipped components are kept (default: under WEIR_HOME).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Shipped components kept beyond those of the job it runs, at most (MiB; the least
+        /// recently used are removed first).
+        #[arg(long, default_value_t = 2048)]
+        components_max_mb: u64,
         #[command(flatten)]
         tls: TlsArgs,
     },
@@ -519,7 +523,19 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             run_coordinator(&jobs, cfg, ha.zip(advertise), restore, allow_non_restored_state, &api)
         }
-        Command::Worker { coordinator, etcd, cluster, advertise, slots, listen, secret_file, name, dir, tls } => {
+        Command::Worker {
+            coordinator,
+            etcd,
+            cluster,
+            advertise,
+            slots,
+            listen,
+            secret_file,
+            name,
+            dir,
+            components_max_mb,
+            tls,
+        } => {
             let name = name.unwrap_or_else(|| format!("worker-{}", std::process::id()));
             let engine =
                 new_engine().map_err(|e| anyhow::anyhow!("{e:#}")).context("starting the WebAssembly engine")?;
@@ -538,6 +554,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 slots,
                 data_listen: listen.parse().with_context(|| format!("--listen {listen}: not an address"))?,
                 dir: dir.unwrap_or_else(|| registry::home().join("workers").join(&name)),
+                components_max_bytes: components_max_mb.saturating_mul(1 << 20),
                 name,
             };
             weir::cluster::worker::run(cfg, engine)?;
@@ -1194,10 +1211,10 @@ fn serve_on_cluster(
     }
     let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
     println!("listening on {}", hub.addr());
-    tracing::warn!(
-        "tenants' CPU shares and [compile] bounds are not enforced on the workers yet (their jobs, parallelism, guest \
-         memory, subtasks and disk quotas are); a tenant's files and checkpoints must be on storage the workers \
-         share at {}",
+    tracing::info!(
+        "tenants' components compile here within [compile] before any worker gets them; a worker runs one job at a \
+         time, so tenants' cpu_weight does not apply on the workers; a tenant's files and checkpoints must be on \
+         storage the workers share at {}",
         cfg.data_dir.display()
     );
     log_serving(&cfg, &api, server.addr, &format!("; jobs run on the workers of {}", hub.addr()));

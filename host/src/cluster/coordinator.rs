@@ -197,7 +197,9 @@ impl Cluster {
             };
             self.link.send(id, &ToWorker::Deploy(Box::new(d)));
         }
-        let labels: BTreeMap<u64, String> = members.iter().map(|id| (*id, self.link.label(*id))).collect();
+        // A tenant's job names workers without their addresses (its failure causes reach it).
+        let label = |id: u64| if tenant.is_some() { self.link.name(id) } else { self.link.label(id) };
+        let labels: BTreeMap<u64, String> = members.iter().map(|id| (*id, label(*id))).collect();
         tracing::info!(
             job = %g.name,
             "job `{}` attempt {attempt}: {} subtasks on {}",

@@ -375,6 +375,11 @@ impl JobLink {
         label(&self.hub.lock(), id)
     }
 
+    /// Worker `id`'s name alone (`#id` once it is gone).
+    pub fn name(&self, id: u64) -> String {
+        self.hub.lock().conns.get(&id).map_or_else(|| format!("#{id}"), |c| c.name.clone())
+    }
+
     /// Where this job's `UpgradeArmed` messages go (none: dropped).
     pub fn set_armed(&self, tx: Option<Sender<Armed>>) {
         if let Some(l) = self.hub.lock().links.get_mut(&self.key) {

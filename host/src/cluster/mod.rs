@@ -9,6 +9,7 @@
 //! coordinator by `discovery.rs`), run by these shells and by the `cluster_sim_` simulation alike.
 //! A leader keeps its cluster's jobs in etcd (`ha.rs`; tenants' submitted jobs: `served.rs`).
 
+pub mod component_store;
 pub mod coordinator;
 pub mod discovery;
 pub mod follower;

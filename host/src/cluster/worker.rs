@@ -26,6 +26,7 @@ use crate::checkpoint::metadata::Manifest;
 use crate::checkpoint::mirror;
 use crate::checkpoint::storage::{self, CheckpointStore, LoadedCheckpoint};
 use crate::checkpoint::subset::Subset;
+use crate::cluster::component_store::ComponentStore;
 use crate::cluster::discovery::{Coordinators, Discovery, Waiting};
 use crate::cluster::follower::{DeployStep, Follower};
 use crate::cluster::pipe::{self, PipeTx};
@@ -74,6 +75,9 @@ pub struct WorkerConfig {
     pub advertise: Option<SocketAddr>,
     /// Where shipped components are kept.
     pub dir: PathBuf,
+    /// Components kept beyond those of the attempt it runs, at most (least recently used
+    /// removed first; `component_store.rs`).
+    pub components_max_bytes: u64,
 }
 
 /// Why a worker stopped.
@@ -178,6 +182,8 @@ struct Worker {
     /// Components of live upgrades, compiled, by digest (the subtasks of one operator on this
     /// worker share one compile).
     upgrades: HashMap<String, OperatorFactory>,
+    /// Shipped components, by digest.
+    components: ComponentStore,
 }
 
 /// Runs the worker until the coordinator refuses it; reconnects whenever the coordinator
@@ -185,7 +191,7 @@ struct Worker {
 pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
     let setup = |message: String| WorkerError::Setup { name: cfg.name.clone(), message };
     cfg.coordinators.check().map_err(setup)?;
-    std::fs::create_dir_all(cfg.dir.join("components"))
+    let components = ComponentStore::open(cfg.dir.join("components"), cfg.components_max_bytes)
         .map_err(|e| setup(format!("cannot create {}: {e}", cfg.dir.display())))?;
     let inbound = Inbound::bind(cfg.data_listen, &cfg.secret, cfg.tls.clone())
         .map_err(|e| setup(format!("cannot listen on {} for channels: {e}", cfg.data_listen)))?;
@@ -211,6 +217,7 @@ pub fn run(cfg: WorkerConfig, engine: Engine) -> Result<(), WorkerError> {
         follower: Follower::new(),
         clock: Instant::now(),
         upgrades: HashMap::new(),
+        components,
     };
     let mut waiting = Waiting::default();
     let mut discovery = Discovery::new(w.cfg.coordinators.clone());
@@ -323,7 +330,11 @@ impl Worker {
                     );
                 }
                 ToWorker::Refused(why) => return Err(WorkerError::Refused { name: self.cfg.name.clone(), why }),
-                ToWorker::Component { digest, bytes } => self.keep_component(&digest, &bytes),
+                ToWorker::Component { digest, bytes } => {
+                    if let Err(e) = self.components.keep(&digest, &bytes) {
+                        tracing::warn!("worker `{}`: {e}", self.cfg.name);
+                    }
+                }
                 ToWorker::Deploy(d) => {
                     let attempt = d.attempt;
                     if self.follower.on_deploy(attempt) == DeployStep::Stale {
@@ -458,10 +469,7 @@ impl Worker {
         if let Some(f) = self.upgrades.get(digest) {
             return Ok(f.clone());
         }
-        let path = self.component_path(digest);
-        if !path.is_file() {
-            return Err(format!("it was not shipped to this worker ({} is missing)", path.display()));
-        }
+        let path = self.components.used(digest)?;
         let c = LoadedComponent::load(&self.engine, uid, &path).map_err(|e| e.to_string())?;
         if self.upgrades.len() >= 8 {
             self.upgrades.clear();
@@ -469,27 +477,6 @@ impl Worker {
         let f = OperatorFactory::Wasm(Arc::new(c));
         self.upgrades.insert(digest.to_string(), f.clone());
         Ok(f)
-    }
-
-    fn component_path(&self, digest: &str) -> PathBuf {
-        self.cfg.dir.join("components").join(format!("{digest}.wasm"))
-    }
-
-    /// Keeps a shipped component under its digest if its bytes match it.
-    fn keep_component(&self, digest: &str, bytes: &[u8]) {
-        if sha256_hex(bytes) != digest || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
-            tracing::warn!(
-                "worker `{}`: a component shipped as {digest} does not match its digest; dropped",
-                self.cfg.name
-            );
-            return;
-        }
-        let path = self.component_path(digest);
-        if !path.is_file()
-            && let Err(e) = storage::write_atomic(&path, bytes)
-        {
-            tracing::warn!("worker `{}`: cannot keep component {digest} at {}: {e}", self.cfg.name, path.display());
-        }
     }
 
     /// The job of `d`, bound to its shipped components (the newest one cached: a restart
@@ -502,11 +489,17 @@ impl Worker {
         }
         let mut paths = BTreeMap::new();
         for (uid, digest) in &d.components {
-            let p = self.component_path(digest);
-            if !p.is_file() {
-                return Err(format!("operator `{uid}`: component {digest} was not shipped to this worker"));
-            }
+            let p = self.components.used(digest).map_err(|e| format!("operator `{uid}`: {e}"))?;
             paths.insert(uid.clone(), p);
+        }
+        // Compiled from here on: other components beyond the cap can go.
+        let in_use: BTreeSet<&str> = d.components.values().map(String::as_str).collect();
+        let evicted = self.components.evict(&in_use);
+        if evicted > 0 {
+            tracing::info!(
+                "worker `{}`: removed {evicted} least recently used component(s) beyond its cap",
+                self.cfg.name
+            );
         }
         let mut graph = crate::job::parse_shipped(&d.job_path, &d.job_source, &paths).map_err(|e| e.to_string())?;
         // Checkpoints in an object store: this worker's state files are written to its own
