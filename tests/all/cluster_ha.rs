@@ -506,6 +506,72 @@ fn api_url(log: &Arc<Mutex<String>>) -> String {
     l.split("tenant(s) at ").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
 }
 
+/// Two coordinators serving tenants on one cluster, a leader and a standby, with two workers
+/// that find the leader in etcd; the config and the tenants' data under `d`.
+fn serving_pair(etcd: &Etcd, d: &Path, token: &str) -> [(Child, Arc<Mutex<String>>); 2] {
+    let config = d.join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n[[tenant]]\nname = \"alpha\"\ntoken = \"{token}\"\n",
+            d.join("data").display().to_string()
+        ),
+    )
+    .unwrap();
+    let secret = secret(d);
+    let serving =
+        |addr: SocketAddr| coordinator_on(&[], &secret, &format!("{addr} --serve {}", config.display()), etcd, &[]);
+    let c1 = serving(free_addr());
+    wait_for(&c1.1, "tenant(s) at ");
+    let c2 = serving(free_addr());
+    wait_for(&c2.1, "standby: cluster `ha` is led by the coordinator at");
+    [c1, c2]
+}
+
+/// A tenant's job stopped with a savepoint on the leader is over: removed from etcd, so the
+/// standby that takes over after the leader's SIGKILL does not run it again.
+#[test]
+fn cluster_ha_serve_a_tenants_job_stopped_with_a_savepoint_is_not_run_again_by_the_standby() {
+    let etcd = Etcd::start();
+    let dir = scratch();
+    let d = dir.path();
+    let token = "alpha-token-0123456789";
+    let [mut c1, mut c2] = serving_pair(&etcd, d, token);
+    let mut procs = Procs::default();
+    for w in ["w1", "w2"] {
+        procs.0.push(worker_by_etcd(&etcd, &secret(d), w, d));
+    }
+    let addr = api_url(&c1.1).trim_start_matches("http://").to_string();
+    let call = |addr: &str, method: &str, path: &str, body: &[u8]| {
+        let (s, v) = weir::api::http::send(addr, method, path, token, body, Duration::from_secs(60)).unwrap();
+        (s, serde_json::from_str::<serde_json::Value>(&v).unwrap())
+    };
+    let job = "[job]\nname = \"ticks\"\n[checkpoint]\ninterval_ms = 100\ndir = \"checkpoints\"\n\
+               [[source]]\nid = \"gen\"\ntype = \"generator\"\ncount = 1000000000\nkeys = 8\nrate = 2000\n\
+               [[sink]]\nid = \"out\"\ntype = \"file\"\npath = \"out\"\nparallelism = 2\ninputs = [{ from = \"gen\" }]\n";
+    let (s, v) = call(&addr, "POST", "/v1/jobs", job.as_bytes());
+    assert_eq!(s, 200, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while etcd.get(&format!("/weir/ha/served-checkpoint/alpha/{id}")).is_none() {
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s:\n{}", c1.1.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (s, v) = call(&addr, "POST", &format!("/v1/jobs/{id}/stop"), br#"{"dir": "sp"}"#);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(etcd.get(&format!("/weir/ha/served/alpha/{id}")), None, "the stop removed the job from etcd");
+    c1.0.kill().unwrap();
+    c1.0.wait().unwrap();
+    let addr2 = api_url(&c2.1).trim_start_matches("http://").to_string();
+    let log = c2.1.lock().unwrap().clone();
+    assert!(log.contains("took over 0 tenants' job(s)") && !log.contains("restoring job"), "{log}");
+    let (s, v) = call(&addr2, "GET", &format!("/v1/jobs/{id}"), b"");
+    assert_eq!(s, 404, "a stopped job is not run again: {v}");
+    c2.0.kill().unwrap();
+    c2.0.wait().unwrap();
+    drop(procs);
+}
+
 /// `weir coordinator --serve --etcd`: a tenant submits a job to the leader; the leader is
 /// killed after the job's first checkpoint recorded in etcd; the standby takes the job back
 /// under the same id and tenant from that checkpoint, and the tenant follows it to its end on
@@ -516,27 +582,14 @@ fn cluster_ha_serve_sigkill_of_the_leader_hands_tenants_jobs_to_the_standby_exac
     let dir = scratch();
     let d = dir.path();
     let token = "alpha-token-0123456789";
-    let config = d.join("server.toml");
     let data = d.join("data");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n[[tenant]]\nname = \"alpha\"\ntoken = \"{token}\"\n",
-            data.display().to_string()
-        ),
-    )
-    .unwrap();
     let job_dir = d.join("job");
     std::fs::create_dir_all(&job_dir).unwrap();
     let expected = write_input(&job_dir.join("input.txt"), 500_000, 43);
     let job = job_into(&job_dir, "wc-ha-serve", "type = \"file\"\npath = \"out\"");
     let secret = secret(d);
-    let serving =
-        |addr: SocketAddr| coordinator_on(&[], &secret, &format!("{addr} --serve {}", config.display()), &etcd, &[]);
-    let mut c1 = serving(free_addr());
+    let [mut c1, mut c2] = serving_pair(&etcd, d, token);
     let url1 = api_url(&c1.1);
-    let mut c2 = serving(free_addr());
-    wait_for(&c2.1, "standby: cluster `ha` is led by the coordinator at");
     assert!(!c2.1.lock().unwrap().contains("tenant(s) at "), "a standby must not serve tenants");
     let mut procs = Procs::default();
     for w in ["w1", "w2"] {
