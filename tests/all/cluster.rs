@@ -1083,11 +1083,11 @@ fn cluster_unaligned_checkpoints_overtake_the_network_and_stay_exactly_once_thro
     assert_oracle_golden(dir.path(), crate::unaligned::COUNT);
 }
 
-/// `weir coordinator --serve` of the tenants in `tenants` (server.toml lines) over two
-/// one-slot workers: the processes, the coordinator's log and the tenants' API URL.
 /// The digest of a component the workers of [`serving_coordinator`] start with.
 const STALE: &str = "00000000000000000000000000000000000000000000000000000000000000aa";
 
+/// `weir coordinator --serve` of the tenants in `tenants` (server.toml lines) over two
+/// one-slot workers: the processes, the coordinator's log and the tenants' API URL.
 fn serving_coordinator(d: &Path, tenants: &str) -> (Procs, Arc<Mutex<String>>, String) {
     let secret = secret(d);
     let config = d.join("server.toml");
@@ -1141,6 +1141,22 @@ fn cluster_serve_tenants_submit_jobs_to_the_coordinator_that_run_on_its_workers(
             .collect();
         assert!(kept.len() == 2 && !kept.iter().any(|k| k.starts_with(STALE)), "worker {w} keeps {kept:?}");
     }
+    // A job without components runs there next (the wordcount's are removed at its deploy);
+    // the wordcount then runs again, its components shipped anew.
+    let plain = d.path().join("gen.toml");
+    std::fs::write(
+        &plain,
+        "[job]\nname = \"gen\"\n[[source]]\nid = \"g\"\ntype = \"generator\"\ncount = 1000\nkeys = 4\n\
+         [[sink]]\nid = \"o\"\ntype = \"file\"\npath = \"gen-out\"\nparallelism = 2\ninputs = [{ from = \"g\" }]\n",
+    )
+    .unwrap();
+    let gen_id = cli(&["submit", plain.to_str().unwrap()]).trim().to_string();
+    let t0 = Instant::now();
+    while !cli(&["status", &gen_id]).contains("\"state\": \"FINISHED\"") {
+        assert!(t0.elapsed() < Duration::from_secs(120), "{}", cli(&["status", &gen_id]));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    crate::sandbox::wordcount_through_the_cli(&cli, &d.path().join("data/alpha/files/out"));
     // Another tenant does not see it, and its own quota holds on the coordinator.
     let out = run(beta, &["status", &id]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();

@@ -54,8 +54,9 @@ impl ComponentStore {
         Ok(ComponentStore { dir, cap_bytes })
     }
 
-    /// Where component `digest` is kept.
+    /// Where component `digest` is kept (a digest that is not hex names no file in it).
     pub fn path(&self, digest: &str) -> PathBuf {
+        let digest = if digest.bytes().all(|b| b.is_ascii_hexdigit()) { digest } else { "-" };
         self.dir.join(format!("{digest}.wasm"))
     }
 
@@ -145,6 +146,7 @@ mod tests {
         store.keep(&dx, x).unwrap();
         store.keep(&dy, y).unwrap();
         assert!(store.used(&"0".repeat(64)).unwrap_err().contains("was not shipped"));
+        assert!(store.used("../c/x").is_err(), "a digest names no file outside the store");
         assert_eq!(store.evict(&[dy.as_str()].into()), 1);
         assert!(!store.path(&dx).exists() && store.path(&dy).exists());
     }

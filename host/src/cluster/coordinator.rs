@@ -228,12 +228,14 @@ impl Cluster {
     fn ship_components(&mut self, a: &Attempt<'_>, members: &[u64]) -> BTreeMap<String, String> {
         let g = &a.job.graph;
         let mut digests = BTreeMap::new();
-        for (&node, (factory, _)) in a.live.lock().unwrap().iter() {
+        let live = a.live.lock().unwrap();
+        let mut components = Vec::new();
+        for (&node, (factory, _)) in live.iter() {
             let OperatorFactory::Wasm(c) = factory else { continue };
-            let digest = c.sha256.clone();
-            self.link.ship(members, &digest, &c.bytes);
-            digests.insert(g.nodes[node].id.to_string(), digest);
+            components.push((c.sha256.as_str(), &c.bytes[..]));
+            digests.insert(g.nodes[node].id.to_string(), c.sha256.clone());
         }
+        self.link.ship(members, &components);
         digests
     }
 

@@ -338,15 +338,21 @@ impl JobLink {
         self.hub.lock().conns.get(&id).map(|w| w.tx.clone())
     }
 
-    /// Ships a component to those of `members` that do not have it.
-    pub fn ship(&self, members: &[u64], digest: &str, bytes: &[u8]) {
+    /// Ships an attempt's components (digest, bytes) to those of `members` that do not have
+    /// them. A worker may remove the others once it deploys the attempt (it keeps components
+    /// within a cap, `component_store.rs`), so from here on only these count as its.
+    pub fn ship(&self, members: &[u64], components: &[(&str, &[u8])]) {
         let mut s = self.hub.lock();
         for id in members {
-            if let Some(w) = s.conns.get_mut(id)
-                && w.shipped.insert(digest.to_string())
-            {
-                let _ = w.tx.send(&ToWorker::Component { digest: digest.to_string(), bytes: bytes.to_vec() });
+            let Some(w) = s.conns.get_mut(id) else { continue };
+            let mut now = HashSet::new();
+            for (digest, bytes) in components {
+                if !w.shipped.contains(*digest) {
+                    let _ = w.tx.send(&ToWorker::Component { digest: digest.to_string(), bytes: bytes.to_vec() });
+                }
+                now.insert(digest.to_string());
             }
+            w.shipped = now;
         }
     }
 

@@ -492,7 +492,15 @@ impl Worker {
             let p = self.components.used(digest).map_err(|e| format!("operator `{uid}`: {e}"))?;
             paths.insert(uid.clone(), p);
         }
-        // Compiled from here on: other components beyond the cap can go.
+        let mut graph = crate::job::parse_shipped(&d.job_path, &d.job_source, &paths).map_err(|e| e.to_string())?;
+        // Checkpoints in an object store: this worker's state files are written to its own
+        // disk first and uploaded before it acknowledges, so members share no file system.
+        if let Some(c) = graph.checkpoint.as_mut().filter(|c| c.remote.is_some()) {
+            c.dir = self.cfg.dir.join("staging");
+        }
+        let job = Arc::new(crate::job::bind::bind(&self.engine, graph).map_err(|e| e.to_string())?);
+        // Compiled: the other components beyond the cap can go (the coordinator counts only
+        // this attempt's as this worker's from now on, and ships the others again if needed).
         let in_use: BTreeSet<&str> = d.components.values().map(String::as_str).collect();
         let evicted = self.components.evict(&in_use);
         if evicted > 0 {
@@ -501,13 +509,6 @@ impl Worker {
                 self.cfg.name
             );
         }
-        let mut graph = crate::job::parse_shipped(&d.job_path, &d.job_source, &paths).map_err(|e| e.to_string())?;
-        // Checkpoints in an object store: this worker's state files are written to its own
-        // disk first and uploaded before it acknowledges, so members share no file system.
-        if let Some(c) = graph.checkpoint.as_mut().filter(|c| c.remote.is_some()) {
-            c.dir = self.cfg.dir.join("staging");
-        }
-        let job = Arc::new(crate::job::bind::bind(&self.engine, graph).map_err(|e| e.to_string())?);
         // Only the job it runs now is kept: a coordinator serving tenants sends a new job
         // file per submission, and every one kept would hold its compiled components.
         self.jobs.clear();
@@ -668,7 +669,13 @@ impl Worker {
                 match open_outgoing(g, &plan, outgoing, &worker_of, &peers, attempt, (&secret, tls.as_ref()), &cancel2)
                 {
                     Ok(f) => f,
-                    Err(message) => {
+                    Err(mut message) => {
+                        // A tenant's job hears of peer workers without their addresses.
+                        if a.opts.disk_budget.is_some() {
+                            for (i, p) in peers.iter().enumerate() {
+                                message = message.replace(&p.to_string(), &format!("#{i} of the attempt"));
+                            }
+                        }
                         let task = TaskId { node: NodeId::new("-"), subtask: SubtaskIndex(0) };
                         failures
                             .push(TaskFailure::Unavailable { task, message: format!("worker `{name}`: {message}") });
