@@ -591,6 +591,24 @@ fn cluster_ha_serve_sigkill_of_the_leader_hands_tenants_jobs_to_the_standby_exac
     let [mut c1, mut c2] = serving_pair(&etcd, d, token);
     let url1 = api_url(&c1.1);
     assert!(!c2.1.lock().unwrap().contains("tenant(s) at "), "a standby must not serve tenants");
+    // Its API port points tenants at the leader's (announced in etcd); strangers get 401.
+    wait_for(&c2.1, "standby: answering tenants at ");
+    let standby = {
+        let l = c2.1.lock().unwrap();
+        l.split("standby: answering tenants at ").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
+    };
+    let ask =
+        |token: &str| weir::api::http::send(&standby, "GET", "/v1/jobs", token, b"", Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (status, body) = loop {
+        let (status, body) = ask(token);
+        if body.contains(&url1) || Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status == 503 && body.contains(&format!("its leader serves the API at {url1}")), "{status} {body}");
+    assert_eq!(ask("not-a-token").0, 401);
     let mut procs = Procs::default();
     for w in ["w1", "w2"] {
         procs.0.push(worker_by_etcd(&etcd, &secret, w, d));

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod on_cluster;
 pub mod registry;
 pub mod server;
+pub mod standby;
 pub mod submit;
 pub mod tenants;
 pub mod tls;

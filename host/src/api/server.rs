@@ -231,6 +231,12 @@ impl Api {
         self.jobs.lock().unwrap().insert(id.to_string(), e);
     }
 
+    /// Serves `routes` instead of this API on `addr`, through the same front door (bounds,
+    /// TLS), until the returned value is dropped.
+    pub fn serve_other<R: Routes>(&self, routes: Arc<R>, addr: &str) -> std::io::Result<Listening> {
+        listener::listen(routes, addr, self.door, self.tls.clone())
+    }
+
     /// Listens on `addr` (port 0: any free port) until the returned server is dropped.
     pub fn serve(self: &Arc<Self>, addr: &str) -> std::io::Result<ApiServer> {
         let listening = listener::listen(self.clone(), addr, self.door, self.tls.clone())?;

@@ -1193,8 +1193,19 @@ fn serve_on_cluster(
 ) -> Result<()> {
     use weir::api::on_cluster::{OnCluster, resume_all};
     let (cfg, api) = hosting_api(config)?;
+    let advertised_host = ha.as_ref().and_then(|(_, a)| a.rsplit_once(':').map(|(host, _)| host.to_string()));
     let leader = match ha {
-        Some((h, advertise)) => Some(std::sync::Arc::new(weir::cluster::ha::Leadership::campaign(h, &advertise)?)),
+        Some((h, advertise)) => {
+            // Until it leads, its API port points callers at the leader's.
+            let standby = weir::api::standby::Standby::new(api.clone(), weir::cluster::ha::LeaderApi::new(h.clone()));
+            let standing = api
+                .serve_other(std::sync::Arc::new(standby), &cfg.listen)
+                .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+            tracing::info!("standby: answering tenants at {} with the leader's address", standing.addr);
+            let l = weir::cluster::ha::Leadership::campaign(h, &advertise)?;
+            drop(standing);
+            Some(std::sync::Arc::new(l))
+        }
         None => None,
     };
     if let Some(l) = &leader {
@@ -1209,7 +1220,18 @@ fn serve_on_cluster(
         let n = resume_all(&api, &launcher, l)?;
         tracing::info!("took over {n} tenants' job(s) stored in etcd");
     }
-    let server = api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let server = serve_api(&api, &cfg.listen)?;
+    if let Some(l) = &leader {
+        let scheme = if api.speaks_tls() { "https" } else { "http" };
+        // Listening on every interface: reachable where workers reach this coordinator.
+        let addr = match (server.addr.ip().is_unspecified(), advertised_host) {
+            (true, Some(h)) => format!("{h}:{}", server.addr.port()),
+            _ => server.addr.to_string(),
+        };
+        if let Err(e) = l.announce_api(&format!("{scheme}://{addr}")) {
+            tracing::warn!("standbys cannot point tenants here: {e}");
+        }
+    }
     println!("listening on {}", hub.addr());
     tracing::info!(
         "tenants' components compile here within [compile] before any worker gets them; a worker runs one job at a \
@@ -1220,6 +1242,22 @@ fn serve_on_cluster(
     log_serving(&cfg, &api, server.addr, &format!("; jobs run on the workers of {}", hub.addr()));
     loop {
         std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Serves `api` on `listen`, retrying for a few seconds while the port is still taken (by the
+/// standby's answers this process just stopped).
+fn serve_api(api: &std::sync::Arc<Api>, listen: &str) -> Result<weir::api::server::ApiServer> {
+    let mut tries = 0;
+    loop {
+        match api.serve(listen) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 25 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot listen on {listen}")),
+        }
     }
 }
 

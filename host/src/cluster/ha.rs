@@ -351,6 +351,65 @@ impl Leadership {
     }
 }
 
+impl Leadership {
+    /// Announces where this leader serves its API (`weir coordinator --serve`), so standbys
+    /// can tell callers where to go ([`LeaderApi`]).
+    pub fn announce_api(&self, url: &str) -> Result<(), HaError> {
+        self.put("api", url.as_bytes().to_vec())
+    }
+}
+
+/// Where a cluster's leader serves its API, read from etcd by a standby: at most once a
+/// second, however many callers ask (each gets the newest answer read).
+pub struct LeaderApi {
+    cfg: HaConfig,
+    client: std::sync::Mutex<Option<Client>>,
+    read: std::sync::Mutex<Option<(Instant, Option<String>)>>,
+}
+
+impl LeaderApi {
+    /// The leader's API address of `cfg.cluster`.
+    pub fn new(cfg: HaConfig) -> LeaderApi {
+        LeaderApi { cfg, client: std::sync::Mutex::default(), read: std::sync::Mutex::default() }
+    }
+
+    /// The cluster this is about.
+    pub fn cluster(&self) -> &str {
+        &self.cfg.cluster
+    }
+
+    /// The URL the leader announced, if etcd holds one (and answered within a second or so).
+    pub fn url(&self) -> Option<String> {
+        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, url)) = read.as_ref()
+            && at.elapsed() < Duration::from_secs(1)
+        {
+            return url.clone();
+        }
+        let url = self.fetch();
+        *read = Some((Instant::now(), url.clone()));
+        url
+    }
+
+    fn fetch(&self) -> Option<String> {
+        let ask = Duration::from_secs(2);
+        let mut client = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if client.is_none() {
+            let opts = ConnectOptions::new().with_connect_timeout(ask);
+            *client = io_runtime().block_on(within(ask, Client::connect(self.cfg.endpoints.clone(), Some(opts)))).ok();
+        }
+        let c = client.as_mut()?;
+        let key = format!("/weir/{}/api", self.cfg.cluster);
+        match io_runtime().block_on(within(ask, c.get(key, None))) {
+            Ok(r) => r.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            Err(_) => {
+                *client = None;
+                None
+            }
+        }
+    }
+}
+
 fn etcd_err(cfg: &HaConfig, what: &str, message: String) -> HaError {
     HaError::Etcd { endpoints: cfg.endpoints.join(","), what: what.to_string(), message }
 }
