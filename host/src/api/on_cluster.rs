@@ -76,13 +76,10 @@ impl Launcher for OnCluster {
         let gate = self.leader.clone().map(|l| {
             let (ended, tenant, id) = (l.clone(), job.tenant.clone(), job.id.clone());
             let (end_tenant, end_id) = (tenant.clone(), id.clone());
-            PublishGate {
-                publish: Arc::new(move |_, chk: &Path| {
-                    l.record_served_checkpoint(&tenant, &id, chk);
-                    Ok(())
-                }),
-                stopped: Arc::new(move || ended.forget_served(&end_tenant, &end_id)),
-            }
+            PublishGate::recording(
+                move |chk| l.record_served_checkpoint(&tenant, &id, chk),
+                move || ended.forget_served(&end_tenant, &end_id),
+            )
         });
         let opts = RunOptions { gate, ..opts.clone() };
         let source = JobSource { path: path.to_path_buf(), text: text.to_string() };

@@ -1272,13 +1272,10 @@ fn run_on_cluster(
 ) -> Result<()> {
     let gate = leader.clone().map(|l| {
         let (ended, name, end_name) = (l.clone(), r.name.clone(), r.name.clone());
-        weir::runtime::driver::PublishGate {
-            publish: std::sync::Arc::new(move |_, path: &std::path::Path| {
-                l.record_checkpoint(&name, path);
-                Ok(())
-            }),
-            stopped: std::sync::Arc::new(move || ended.mark_finished(&end_name)),
-        }
+        weir::runtime::driver::PublishGate::recording(
+            move |path| l.record_checkpoint(&name, path),
+            move || ended.mark_finished(&end_name),
+        )
     });
     let mut cluster = weir::cluster::coordinator::Cluster::on(hub);
     let mut run = |b: &job::bind::BoundJob, o: &RunOptions| {

@@ -300,7 +300,12 @@ impl Leadership {
 
     /// The newest complete checkpoint recorded for `job`, if any.
     pub fn checkpoint(&self, job: &str) -> Result<Option<PathBuf>, HaError> {
-        let value = self.get(&format!("checkpoint/{job}"))?;
+        self.get_path(&format!("checkpoint/{job}"))
+    }
+
+    /// The path (or `s3://` URL) stored under `name`, if any.
+    pub(super) fn get_path(&self, name: &str) -> Result<Option<PathBuf>, HaError> {
+        let value = self.get(name)?;
         Ok(value.map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned())))
     }
 
@@ -314,7 +319,7 @@ impl Leadership {
 
     /// Stores `value` under `name`, retried while the lease lasts; exits the process if the
     /// write is refused or the lease may have lapsed (`what` names it in the log).
-    fn record(&self, name: &str, value: Vec<u8>, what: &str) {
+    pub(super) fn record(&self, name: &str, value: Vec<u8>, what: &str) {
         self.record_ops(|| vec![TxnOp::put(self.key(name), value.clone(), None)], what)
     }
 

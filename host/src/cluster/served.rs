@@ -69,18 +69,15 @@ impl Leadership {
 
     /// The newest complete checkpoint recorded for a tenant's job, if any.
     pub fn served_checkpoint(&self, tenant: &str, id: &str) -> Result<Option<PathBuf>, HaError> {
-        let value = self.get(&checkpoint_key(tenant, id))?;
-        Ok(value.map(|b| PathBuf::from(String::from_utf8_lossy(&b).into_owned())))
+        self.get_path(&checkpoint_key(tenant, id))
     }
 
     /// Records `path` as the tenant's job's newest complete checkpoint; returns only once it
     /// is recorded (else the process ends, as [`Leadership::record_checkpoint`]).
     pub fn record_served_checkpoint(&self, tenant: &str, id: &str, path: &Path) {
-        let (key, value) = (self.key(&checkpoint_key(tenant, id)), path.to_string_lossy().into_owned());
-        self.record_ops(
-            || vec![TxnOp::put(key.clone(), value.clone(), None)],
-            &format!("checkpoint {} of tenant `{tenant}`'s job `{id}`", path.display()),
-        );
+        let value = path.to_string_lossy().as_bytes().to_vec();
+        let what = format!("checkpoint {} of tenant `{tenant}`'s job `{id}`", path.display());
+        self.record(&checkpoint_key(tenant, id), value, &what);
     }
 
     /// Removes a tenant's job that is over (or was never started), so no later leader runs

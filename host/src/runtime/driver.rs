@@ -82,6 +82,23 @@ pub struct PublishGate {
 /// What a [`PublishGate`] calls: the checkpoint and its durable path.
 pub type GateFn = dyn Fn(CheckpointId, &std::path::Path) -> Result<(), String> + Send + Sync;
 
+impl PublishGate {
+    /// A gate that hands each published checkpoint's path to `record` (which returns only
+    /// once it is recorded, or ends the process) and calls `stopped` at a stop.
+    pub fn recording(
+        record: impl Fn(&std::path::Path) + Send + Sync + 'static,
+        stopped: impl Fn() + Send + Sync + 'static,
+    ) -> PublishGate {
+        PublishGate {
+            publish: Arc::new(move |_, path: &std::path::Path| {
+                record(path);
+                Ok(())
+            }),
+            stopped: Arc::new(stopped),
+        }
+    }
+}
+
 impl std::fmt::Debug for PublishGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PublishGate")
