@@ -96,6 +96,8 @@ pub struct NodeSummary {
     pub snapshot_chunks_max: u64,
     /// Records in flight written with unaligned checkpoints (the barriers overtook them).
     pub inflight_logged: u64,
+    /// Loop heads: back-edge records logged into their snapshots.
+    pub backedge_logged: u64,
     /// The disk backend: keys read from its store into the guests' caches.
     pub keys_paged_in: u64,
     /// The disk backend: keys dropped from the guests' caches to keep them in budget.
@@ -561,6 +563,7 @@ pub(crate) fn summaries(g: &crate::graph::logical::JobGraph, metrics: &[Arc<Node
                 snapshots_abandoned,
                 snapshot_chunks_max,
                 inflight_logged: m.inflight_logged.load(Ordering::Relaxed),
+                backedge_logged: m.backedge_logged.load(Ordering::Relaxed),
                 keys_paged_in: m.paging.keys_paged_in.load(Ordering::Relaxed),
                 keys_evicted: m.paging.keys_evicted.load(Ordering::Relaxed),
             }

@@ -182,6 +182,9 @@ pub struct NodeMetrics {
     pub snapshot_chunks_max: AtomicU64,
     /// Records in flight written with unaligned checkpoints (the barriers overtook them).
     pub inflight_logged: AtomicU64,
+    /// Loop heads: back-edge records logged into their snapshots (in transit when the
+    /// checkpoint passed the head).
+    pub backedge_logged: AtomicU64,
     /// The disk state backend's paging (operators with `state_backend = "disk"`).
     pub paging: Arc<crate::operator::paged::PagingCounters>,
     /// Loop heads: most batches seen queued on one back-edge (the feedback channels grow

@@ -994,6 +994,8 @@ impl OperatorTask {
                 if let Some(mut p) = h.pending.take().filter(|p| p.id == id) {
                     let mut state = std::mem::take(&mut p.state);
                     state.backedge_log = p.take_log();
+                    let records: u64 = state.backedge_log.iter().map(|b| b.records as u64).sum();
+                    self.metrics.backedge_logged.fetch_add(records, Ordering::Relaxed);
                     if let Some(part) = self.checkpoints.as_mut() {
                         part.submit(id, state, p.timing);
                     }
