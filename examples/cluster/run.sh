@@ -86,7 +86,7 @@ a=127.0.0.1:$(port)
 b=127.0.0.1:$(port)
 coordinator() {
     "$weir" coordinator job.toml --listen "$1" --workers 3 --secret-file "$tmp/secret" \
-        --etcd "http://127.0.0.1:$etcd_port" --cluster example --lease-ttl-secs 2 > "$tmp/$2.log" 2>&1 &
+        --etcd "http://127.0.0.1:$etcd_port" --cluster example --lease-ttl-secs 5 > "$tmp/$2.log" 2>&1 &
     pids+=($!)
 }
 coordinator "$a" c1

@@ -235,6 +235,11 @@ fn seeded_worker_kill(seed: u64) {
     let dir = scratch();
     let expected = write_input(&dir.path().join("input.txt"), 200_000, 100 + seed);
     let job = job_p3(dir.path(), "wc-seeded");
+    // 200 000 lines at 50 000/s: 4 s of input outlast checkpoint 4 (100 ms apart) on a
+    // loaded machine.
+    let text = std::fs::read_to_string(&job).unwrap();
+    assert!(text.contains("rate = 100000\n"));
+    std::fs::write(&job, text.replace("rate = 100000\n", "rate = 50000\n")).unwrap();
     let store = CheckpointStore::new(&dir.path().join("checkpoints"), "wc-seeded");
     let secret = secret(dir.path());
     let mut procs = Procs::default();

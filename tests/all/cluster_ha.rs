@@ -54,7 +54,7 @@ fn coordinator_on(
         .arg("--listen")
         .args(listen.split(' '))
         .args(["--heartbeat-timeout-ms", "3000", "--workers", "2"])
-        .args(["--etcd", etcd.endpoint(), "--cluster", "ha", "--lease-ttl-secs", "2", "--secret-file"])
+        .args(["--etcd", etcd.endpoint(), "--cluster", "ha", "--lease-ttl-secs", "5", "--secret-file"])
         .arg(secret)
         .args(jobs)
         .stdout(Stdio::piped())
@@ -598,8 +598,8 @@ fn cluster_ha_serve_sigkill_of_the_leader_hands_tenants_jobs_to_the_standby_exac
         l.split("standby: answering tenants at ").nth(1).unwrap().split_whitespace().next().unwrap().to_string()
     };
     let ask =
-        |token: &str| weir::api::http::send(&standby, "GET", "/v1/jobs", token, b"", Duration::from_secs(30)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
+        |token: &str| weir::api::http::send(&standby, "GET", "/v1/jobs", token, b"", Duration::from_secs(60)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
     let (status, body) = loop {
         let (status, body) = ask(token);
         if body.contains(&url1) || Instant::now() > deadline {

@@ -73,7 +73,7 @@ fn fails(engine: &Engine, mode: &str) -> String {
     let e = run_with_faults(engine, d.path(), &hostile_job(mode), faults)
         .err()
         .unwrap_or_else(|| panic!("mode `{mode}` did not fail"));
-    assert!(t0.elapsed() < Duration::from_secs(30), "mode `{mode}` took {:?} to fail", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(120), "mode `{mode}` took {:?} to fail", t0.elapsed());
     assert!(matches!(e, RunError::Failed { .. }), "mode `{mode}`: {e}");
     e.to_string()
 }
