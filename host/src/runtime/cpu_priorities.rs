@@ -590,7 +590,9 @@ mod tests {
                     tids_tx.send(gettid()).unwrap();
                     loop {
                         match mode.load(Relaxed) {
-                            0 => std::thread::sleep(Duration::from_millis(2)),
+                            // Idle until woken (a thread waking every few ms waits for a core next to
+                            // busy ones, and that wait counts as runnable).
+                            0 => std::thread::park_timeout(Duration::from_millis(100)),
                             1 => std::hint::spin_loop(),
                             _ => break,
                         }
@@ -621,8 +623,9 @@ mod tests {
             let runnable = p.lock()["acme"].runnable;
             assert!(runnable < 0.5, "sleeping threads counted as {runnable} runnable");
             assert_eq!(count(), 1.0, "never below one");
-            for mode in &modes[..3] {
+            for (mode, t) in modes[..3].iter().zip(&threads) {
                 mode.store(1, Relaxed);
+                t.thread().unpark();
             }
             window(300);
             // Three spinning threads ran or waited for a core all the time, whatever the
@@ -634,8 +637,9 @@ mod tests {
                 assert!(thread_nice(tids[3]) > p.scale.nice_for(100, 1), "a third of the part each");
             }
         }
-        for mode in &modes {
+        for (mode, t) in modes.iter().zip(&threads) {
             mode.store(2, Relaxed);
+            t.thread().unpark();
         }
         for t in threads {
             t.join().unwrap();
