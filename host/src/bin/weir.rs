@@ -1194,19 +1194,21 @@ fn serve_on_cluster(
     use weir::api::on_cluster::{OnCluster, resume_all};
     let (cfg, api) = hosting_api(config)?;
     let advertised_host = ha.as_ref().and_then(|(_, a)| a.rsplit_once(':').map(|(host, _)| host.to_string()));
-    let leader = match ha {
+    let (leader, standing) = match ha {
         Some((h, advertise)) => {
             // Until it leads, its API port points callers at the leader's.
-            let standby = weir::api::standby::Standby::new(api.clone(), weir::cluster::ha::LeaderApi::new(h.clone()));
-            let standing = api
-                .serve_other(std::sync::Arc::new(standby), &cfg.listen)
+            let standby = std::sync::Arc::new(weir::api::standby::Standby::new(
+                api.clone(),
+                weir::cluster::ha::LeaderApi::new(h.clone()),
+            ));
+            let listening = api
+                .serve_other(standby.clone(), &cfg.listen)
                 .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-            tracing::info!("standby: answering tenants at {} with the leader's address", standing.addr);
+            tracing::info!("standby: answering tenants at {} with the leader's address", listening.addr);
             let l = weir::cluster::ha::Leadership::campaign(h, &advertise)?;
-            drop(standing);
-            Some(std::sync::Arc::new(l))
+            (Some(std::sync::Arc::new(l)), Some((standby, listening)))
         }
-        None => None,
+        None => (None, None),
     };
     if let Some(l) = &leader {
         cluster.epoch = l.epoch();
@@ -1220,13 +1222,21 @@ fn serve_on_cluster(
         let n = resume_all(&api, &launcher, l)?;
         tracing::info!("took over {n} tenants' job(s) stored in etcd");
     }
-    let server = serve_api(&api, &cfg.listen)?;
+    // Leading (its jobs taken over), the standby's listener serves the API from now on.
+    let mut server = None;
+    let serving = match &standing {
+        Some((standby, listening)) => {
+            standby.lead();
+            listening.addr
+        }
+        None => server.insert(api.serve(&cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?).addr,
+    };
     if let Some(l) = &leader {
         let scheme = if api.speaks_tls() { "https" } else { "http" };
         // Listening on every interface: reachable where workers reach this coordinator.
-        let addr = match (server.addr.ip().is_unspecified(), advertised_host) {
-            (true, Some(h)) => format!("{h}:{}", server.addr.port()),
-            _ => server.addr.to_string(),
+        let addr = match (serving.ip().is_unspecified(), advertised_host) {
+            (true, Some(h)) => format!("{h}:{}", serving.port()),
+            _ => serving.to_string(),
         };
         if let Err(e) = l.announce_api(&format!("{scheme}://{addr}")) {
             tracing::warn!("standbys cannot point tenants here: {e}");
@@ -1239,25 +1249,9 @@ fn serve_on_cluster(
          storage the workers share at {}",
         cfg.data_dir.display()
     );
-    log_serving(&cfg, &api, server.addr, &format!("; jobs run on the workers of {}", hub.addr()));
+    log_serving(&cfg, &api, serving, &format!("; jobs run on the workers of {}", hub.addr()));
     loop {
         std::thread::sleep(Duration::from_secs(3600));
-    }
-}
-
-/// Serves `api` on `listen`, retrying for a few seconds while the port is still taken (by the
-/// standby's answers this process just stopped).
-fn serve_api(api: &std::sync::Arc<Api>, listen: &str) -> Result<weir::api::server::ApiServer> {
-    let mut tries = 0;
-    loop {
-        match api.serve(listen) {
-            Ok(s) => return Ok(s),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 25 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => return Err(e).with_context(|| format!("cannot listen on {listen}")),
-        }
     }
 }
 
